@@ -1,0 +1,165 @@
+"""Model architectures and their KV-cache footprint.
+
+KV bytes per token is the one number every sizing question starts from: capacity per TTL,
+write traffic per token, load time per cached prefix. It follows from the architecture alone:
+
+* MHA / GQA: 2 (K and V) x layers x KV heads x head dim x bytes per element;
+* MLA (DeepSeek-style latent cache): layers x (kv_lora_rank + qk_rope_head_dim) x bytes,
+  because one compressed latent plus the rotary key part is cached instead of K and V.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kvrepro._paths import data_file
+
+DTYPE_BYTES: dict[str, int] = {
+    "float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1,
+}
+
+
+class ModelSpec(BaseModel):
+    """Architecture numbers of one model, as far as KV size and prefill cost need them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    attention: Literal["gqa", "mla"] = Field(description="gqa also covers MHA")
+    num_layers: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0, description="KV heads (== attention heads for MHA)")
+    head_dim: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    kv_dtype_bytes: float = Field(gt=0, description="bytes per cached element")
+    kv_lora_rank: int | None = Field(default=None, gt=0, description="MLA latent width")
+    qk_rope_head_dim: int | None = Field(default=None, ge=0, description="MLA rotary key width")
+    params_total_b: float = Field(gt=0, description="total parameters, billions")
+    params_active_b: float = Field(gt=0, description="parameters active per token, billions")
+    weight_bytes_per_param: float = Field(gt=0)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _mla_needs_latent(self) -> ModelSpec:
+        if self.attention == "mla" and self.kv_lora_rank is None:
+            raise ValueError(f"model {self.name!r}: attention 'mla' needs kv_lora_rank")
+        return self
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token occupies across all layers."""
+        if self.attention == "mla":
+            width = self.kv_lora_rank + (self.qk_rope_head_dim or 0)
+            return round(self.num_layers * width * self.kv_dtype_bytes)
+        return round(2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes)
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes of all weights (what must fit in GPU memory)."""
+        return self.params_total_b * 1e9 * self.weight_bytes_per_param
+
+    @property
+    def active_weight_bytes(self) -> float:
+        """Bytes of weights read per decode step (active experts only for MoE)."""
+        return self.params_active_b * 1e9 * self.weight_bytes_per_param
+
+
+@lru_cache(maxsize=1)
+def catalog() -> dict[str, ModelSpec]:
+    """Load the shipped model catalog (`data/models/catalog.yaml`)."""
+    path = data_file("models", "catalog.yaml")
+    raw = yaml.safe_load(path.read_text())
+    out = {}
+    for name, fields in raw.items():
+        try:
+            out[name] = ModelSpec(name=name, **fields)
+        except ValidationError as err:
+            raise ValueError(f"{path}: entry {name!r} is invalid:\n{err}") from err
+    return out
+
+
+def get_model(name: str) -> ModelSpec:
+    """Return a catalog model by name; the error lists the names that exist."""
+    models = catalog()
+    if name not in models:
+        raise ValueError(f"unknown model {name!r} (parameter 'model'); known: {sorted(models)}")
+    return models[name]
+
+
+def kv_bytes_per_token(model: str | ModelSpec) -> int:
+    """KV bytes per token of a catalog model name or a ModelSpec."""
+    spec = get_model(model) if isinstance(model, str) else model
+    return spec.kv_bytes_per_token
+
+
+def _hf_require(cfg: dict, key: str, path: Path) -> int:
+    if key not in cfg:
+        raise ValueError(f"{path}: config.json has no {key!r}, needed for the KV size")
+    value = cfg[key]
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{path}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _hf_dtype_bytes(cfg: dict, kv_dtype: str | None, path: Path) -> int:
+    dtype = kv_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
+    if str(dtype).lower() not in DTYPE_BYTES:
+        raise ValueError(f"{path}: unknown dtype {dtype!r} (parameter 'kv_dtype'); "
+                         f"known: {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[str(dtype).lower()]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: malformed JSON at line {err.lineno}, column {err.colno}: "
+                         f"{err.msg}") from err
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object at the top level")
+    return cfg.get("text_config", cfg) if "num_hidden_layers" not in cfg else cfg
+
+
+def from_hf_config(path: str | Path, kv_dtype: str | None = None,
+                   params_b: float | None = None, name: str | None = None) -> ModelSpec:
+    """Build a ModelSpec from a local Hugging Face `config.json` (file or model folder).
+
+    `kv_dtype` overrides the cache precision (e.g. "fp8" when vLLM runs with an FP8 KV cache);
+    `params_b` sets the parameter count, which config.json does not state (defaults to an
+    estimate from the layer shapes, good enough for dense decoder-only models).
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json at {path}")
+    cfg = _read_json(path)
+    layers = _hf_require(cfg, "num_hidden_layers", path)
+    heads = _hf_require(cfg, "num_attention_heads", path)
+    hidden = _hf_require(cfg, "hidden_size", path)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype_bytes = _hf_dtype_bytes(cfg, kv_dtype, path)
+    weight_bytes = _hf_dtype_bytes(cfg, None, path)
+    if params_b is None:
+        inter = cfg.get("intermediate_size", 4 * hidden)
+        vocab = cfg.get("vocab_size", 0)
+        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+        per_layer = attention + 3 * hidden * inter
+        params_b = (layers * per_layer + 2 * vocab * hidden) / 1e9
+    mla = "kv_lora_rank" in cfg and cfg["kv_lora_rank"]
+    return ModelSpec(
+        name=name or path.parent.name, attention="mla" if mla else "gqa",
+        num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+        hidden_size=hidden, kv_dtype_bytes=dtype_bytes,
+        kv_lora_rank=cfg.get("kv_lora_rank") if mla else None,
+        qk_rope_head_dim=cfg.get("qk_rope_head_dim") if mla else None,
+        params_total_b=params_b, params_active_b=params_b, weight_bytes_per_param=weight_bytes,
+        source=str(path))

@@ -1,0 +1,86 @@
+"""The studies' headline numbers, and putting a reproduced number next to its reference.
+
+Reference values are only ever compared against; no computation in kvrepro reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+
+import pandas as pd
+
+from kvrepro._paths import data_file
+
+HEADLINE_COLUMNS = ["id", "figure", "quantity", "unit", "study", "reproduced", "rel_diff_pct",
+                    "source"]
+
+
+@lru_cache(maxsize=1)
+def load_reference() -> pd.DataFrame:
+    """All reference numbers (`data/reference/reference_numbers.csv`), indexed by id."""
+    return pd.read_csv(data_file("reference", "reference_numbers.csv")).set_index("id")
+
+
+def compare(reproduced: Mapping[str, float], source: str = "") -> pd.DataFrame:
+    """Table of reproduced numbers next to the study's, with the relative difference in %.
+
+    `reproduced` maps reference ids (e.g. "A7.dwpd_raid10") to values in the reference's unit.
+    An unknown id is an error, so a typo cannot silently drop a number from the comparison.
+    """
+    ref = load_reference()
+    unknown = sorted(set(reproduced) - set(ref.index))
+    if unknown:
+        raise KeyError(f"unknown reference id(s) {unknown}; "
+                       "see data/reference/reference_numbers.csv")
+    rows = []
+    for ref_id, value in reproduced.items():
+        study = float(ref.at[ref_id, "value"])
+        rel = (float(value) - study) / abs(study) * 100 if study else float("nan")
+        rows.append({"id": ref_id, "figure": ref.at[ref_id, "figure"],
+                     "quantity": ref.at[ref_id, "quantity"], "unit": ref.at[ref_id, "unit"],
+                     "study": study, "reproduced": float(value), "rel_diff_pct": rel,
+                     "source": source})
+    return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+
+
+def save_headline(table: pd.DataFrame, results_dir: str | Path | None, name: str) -> Path | None:
+    """Write a notebook's headline table to `results_dir/<name>.csv` (no-op without a folder).
+
+    `kvrepro reproduce` passes `results_dir` to every notebook and gathers these files into
+    the final table; interactive runs leave it unset.
+    """
+    if results_dir is None or results_dir == "":
+        return None
+    path = Path(results_dir) / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(path, index=False)
+    return path
+
+
+def collect_headlines(results_dir: str | Path) -> pd.DataFrame:
+    """Concatenate every headline CSV in `results_dir`, ordered by figure id."""
+    files = sorted(Path(results_dir).glob("*.csv"))
+    if not files:
+        return pd.DataFrame(columns=HEADLINE_COLUMNS)
+    table = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    return table.sort_values(["figure", "id"], kind="stable").reset_index(drop=True)
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+def format_headlines(table: pd.DataFrame) -> str:
+    """Plain-text table for the terminal: id, study value, reproduced value, difference."""
+    if table.empty:
+        return "(no headline numbers were produced)"
+    shown = table.assign(
+        study=table.study.map(_fmt),
+        reproduced=table.reproduced.map(_fmt),
+        rel_diff_pct=table.rel_diff_pct.map(lambda v: f"{v:+.1f} %"))
+    return shown[["id", "unit", "study", "reproduced", "rel_diff_pct", "source"]].to_string(
+        index=False)

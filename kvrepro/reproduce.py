@@ -1,0 +1,130 @@
+"""Run every notebook with papermill and gather the headline numbers: `kvrepro reproduce`.
+
+Each notebook runs in order (01_, 02_, ...) with its embedded defaults plus `figures_dir` and
+`results_dir`; the executed copy lands in `runs/<UTC timestamp>/`, figures in `figures/`, and
+each notebook's headline CSV in `runs/<ts>/results/`. A failing notebook is reported with the
+cell that failed; the others still run, and what they produced stays on disk.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import papermill as pm
+import yaml
+from tqdm.auto import tqdm
+
+from kvrepro import reference
+
+
+@dataclass
+class NotebookFailure:
+    """Where a notebook stopped: which notebook, which cell, and the error."""
+
+    notebook: str
+    cell_index: int | None
+    exec_count: int | None
+    error: str
+
+    def __str__(self) -> str:
+        where = (f"cell {self.cell_index} (execution count {self.exec_count})"
+                 if self.cell_index is not None else "before any cell ran")
+        return f"notebook {self.notebook} failed in {where}: {self.error}"
+
+
+@dataclass
+class ReproduceResult:
+    """What one `reproduce` call produced."""
+
+    run_dir: Path
+    executed: list[Path] = field(default_factory=list)
+    failures: list[NotebookFailure] = field(default_factory=list)
+    headlines: Any = None
+
+
+def _parse_value(text: str) -> Any:
+    for number in (int, float):  # YAML 1.1 reads "1.9e9" as a string
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text) if text.strip() else ""
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Turn ["key=value", ...] into a dict: numbers, YAML lists, or strings."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"-p expects key=value, got {pair!r}")
+        out[key.strip()] = _parse_value(value)
+    return out
+
+
+def find_notebooks(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
+    """Notebooks named NN_name.ipynb in order; `only` keeps those whose name contains a term."""
+    found = sorted(p for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
+    if not found:
+        raise FileNotFoundError(f"no notebooks named NN_name.ipynb in {notebooks_dir}")
+    if only:
+        found = [p for p in found if any(term in p.stem for term in only)]
+        if not found:
+            raise ValueError(f"--only {only} matches no notebook in {notebooks_dir}")
+    return found
+
+
+def _overrides_for(notebook: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    declared = {name for name in pm.inspect_notebook(str(notebook))}
+    return {k: v for k, v in overrides.items() if k in declared}
+
+
+def _check_overrides(notebooks: list[Path], overrides: dict[str, Any]) -> None:
+    declared: set[str] = set()
+    for nb in notebooks:
+        declared |= set(pm.inspect_notebook(str(nb)))
+    unknown = sorted(set(overrides) - declared)
+    if unknown:
+        raise ValueError(f"parameter(s) {unknown} are declared by none of the notebooks "
+                         f"{[nb.name for nb in notebooks]}")
+
+
+def _run_one(notebook: Path, run_dir: Path, figures_dir: Path,
+             parameters: dict[str, Any]) -> NotebookFailure | None:
+    params = {"figures_dir": str(figures_dir.resolve()),
+              "results_dir": str((run_dir / "results").resolve()), **parameters}
+    try:
+        pm.execute_notebook(str(notebook), str(run_dir / notebook.name), parameters=params,
+                            cwd=str(notebook.parent), progress_bar={"leave": False,
+                                                                    "desc": notebook.stem},
+                            kernel_name="python3")
+    except pm.PapermillExecutionError as err:
+        return NotebookFailure(notebook.name, err.cell_index, err.exec_count,
+                               f"{err.ename}: {err.evalue}")
+    return None
+
+
+def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path = "figures",
+              runs_dir: str | Path = "runs", only: list[str] | None = None,
+              overrides: dict[str, Any] | None = None) -> ReproduceResult:
+    """Execute the notebooks, write figures and the headline table; see the module doc."""
+    notebooks = find_notebooks(Path(notebooks_dir), only)
+    overrides = overrides or {}
+    _check_overrides(notebooks, overrides)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    result = ReproduceResult(run_dir=Path(runs_dir) / stamp)
+    result.run_dir.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(notebooks, desc="notebooks", unit="nb")
+    for nb in bar:
+        bar.set_postfix_str(nb.name)
+        failure = _run_one(nb, result.run_dir, Path(figures_dir), _overrides_for(nb, overrides))
+        result.executed.append(result.run_dir / nb.name)
+        if failure:
+            result.failures.append(failure)
+            tqdm.write(f"FAILED: {failure}")
+    result.headlines = reference.collect_headlines(result.run_dir / "results")
+    result.headlines.to_csv(result.run_dir / "headline_numbers.csv", index=False)
+    return result

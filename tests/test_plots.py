@@ -1,0 +1,46 @@
+import matplotlib.pyplot as plt
+import pytest
+
+from kvrepro import analytic
+from kvrepro.plots import analytic as figs
+from kvrepro.plots import save_figure
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return analytic.sizing_tables(analytic.SizingParams())
+
+
+@pytest.mark.parametrize("figure_id, draw, unit", [
+    ("A6", lambda t: figs.a6_capacity_vs_ttl(t["A6"]), "(TB)"),
+    ("A7", lambda t: figs.a7_dwpd_vs_write_rate(t["A7"], 3.0, 1.9e9), "(GB/s)"),
+    ("A8", lambda t: figs.a8_bandwidth_headroom(t["A8"]), "(GB/s"),
+    ("B3", lambda t: figs.b3_memory_hierarchy(t["B3"]), "latency (s"),
+    ("B4", lambda t: figs.b4_prefill_ttft(t["B4"]), "TTFT (s)"),
+    ("B8", lambda t: figs.b8_c_bound(t["B8"], 57.5), "C_bound (TB)"),
+])
+def test_figure_has_units_and_title(tables, figure_id, draw, unit) -> None:
+    fig = draw(tables)
+    assert isinstance(fig, plt.Figure)
+    labels = " ".join(ax.get_xlabel() + " " + ax.get_ylabel() for ax in fig.axes)
+    assert unit in labels
+    titles = " ".join([ax.get_title() for ax in fig.axes] + [fig.get_suptitle()])
+    assert figure_id in titles
+
+
+def test_b8_annotates_study_b_values(tables) -> None:
+    fig = figs.b8_c_bound(tables["B8"], 57.5)
+    texts = {t.get_text() for ax in fig.axes for t in ax.texts}
+    assert {"0.29", "14.4", "28.8", "4.81", "8.81"} <= texts
+
+
+def test_missing_column_is_named(tables) -> None:
+    with pytest.raises(ValueError, match=r"figure A7: data lacks column\(s\) \['dwpd'\]"):
+        figs.a7_dwpd_vs_write_rate(tables["A7"].drop(columns="dwpd"))
+
+
+def test_save_figure_writes_png_and_svg(tables, tmp_path) -> None:
+    paths = save_figure(figs.a8_bandwidth_headroom(tables["A8"]), tmp_path, "A8-test")
+    assert [p.name for p in paths] == ["A8-test.png", "A8-test.svg"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<svg" in paths[1].read_text()
