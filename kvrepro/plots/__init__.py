@@ -19,7 +19,7 @@ def set_theme() -> None:
     sns.set_theme(context="talk", style="whitegrid", palette="colorblind",
                   rc={"figure.figsize": (10, 6), "axes.titleweight": "bold",
                       "axes.titlesize": 18, "savefig.bbox": "tight", "savefig.dpi": 120,
-                      "svg.fonttype": "none"})
+                      "svg.fonttype": "none", "svg.hashsalt": "kvrepro"})
 
 
 def save_figure(fig: plt.Figure, figures_dir: str | Path, name: str) -> list[Path]:
