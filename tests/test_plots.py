@@ -44,3 +44,20 @@ def test_save_figure_writes_png_and_svg(tables, tmp_path) -> None:
     assert [p.name for p in paths] == ["A8-test.png", "A8-test.svg"]
     assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in paths[1].read_text()
+
+
+def test_workload_figures() -> None:
+    from kvrepro.plots import workload as wfigs
+    from kvrepro.workload import AgenticSpec, generate_agentic
+
+    w = generate_agentic(AgenticSpec(duration_s=1800, p_returning=0.3))
+    figs_ = [wfigs.workload_arrivals(w.sessions, 2.5, 180),
+             wfigs.workload_context_growth(w.turns, [0, 1, 2], 65_536),
+             wfigs.workload_turn_sizes(w.turns),
+             wfigs.workload_resumes(w.turns, 1800, 180)]
+    for fig in figs_:
+        assert isinstance(fig, plt.Figure)
+        labels = " ".join(ax.get_xlabel() for ax in fig.axes)
+        assert "(min)" in labels or "(tokens" in labels
+    resumes = figs_[3].axes[0]
+    assert len(resumes.get_yticks()) == int(w.turns.is_resume.sum()) > 0

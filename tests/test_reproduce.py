@@ -63,3 +63,16 @@ def test_cli_failure_exit_code_and_message(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "FAILED: notebook 01_sizing_endurance.ipynb failed in cell" in err
     assert "unknown model 'GPT-9'" in err
+
+
+def test_workload_notebook_matches_package(tmp_path) -> None:
+    from kvrepro.workload import AgenticSpec, generate_agentic, load_workload, resumes_in_window
+
+    params = {"duration_s": 1800.0, "seed": 5, "workload_dir": str(tmp_path / "wl")}
+    result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["workload"], params)
+    assert not result.failures
+    expected = generate_agentic(AgenticSpec(seed=5, duration_s=1800.0))
+    got = result.headlines.set_index("id").reproduced
+    assert got["A5.resumes"] == len(resumes_in_window(expected))
+    assert load_workload(tmp_path / "wl").digest() == expected.digest()
+    assert (tmp_path / "fig" / "workload-context-growth.png").exists()
