@@ -22,12 +22,12 @@ reproduce: install
 	$(BIN)/kvrepro reproduce $(ARGS)
 
 test: install-dev
-	$(BIN)/ruff check kvrepro tests
+	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest
 	$(BIN)/pytest --nbval-lax notebooks/
 
 lint: install-dev
-	$(BIN)/ruff check kvrepro tests
+	$(BIN)/ruff check kvrepro tests benchmarks
 
 lab: install
 	$(BIN)/jupyter lab notebooks/

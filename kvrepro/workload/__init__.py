@@ -9,5 +9,12 @@
 from kvrepro.workload.agentic import AgenticSpec, PauseSpec, generate_agentic, resumes_in_window
 from kvrepro.workload.base import Workload, load_workload, save_workload, summarize
 
-__all__ = ["AgenticSpec", "PauseSpec", "Workload", "generate_agentic", "load_workload",
-           "resumes_in_window", "save_workload", "summarize"]
+# Imported for their token-source registrations ("block_hash", "keyed"), which
+# `load_workload` needs to rebuild trace and microbenchmark workloads.
+from kvrepro.workload.studyb import MacrobenchSpec, MicrobenchSpec, macrobenchmark, microbenchmark
+from kvrepro.workload.traces import read_block_trace, trace_to_workload
+
+__all__ = ["AgenticSpec", "MacrobenchSpec", "MicrobenchSpec", "PauseSpec", "Workload",
+           "generate_agentic", "load_workload", "macrobenchmark", "microbenchmark",
+           "read_block_trace", "resumes_in_window", "save_workload", "summarize",
+           "trace_to_workload"]

@@ -129,6 +129,18 @@ def _column_bytes(column: pd.Series) -> bytes:
     return "\x1f".join(map(str, column.tolist())).encode()
 
 
+def turn_value(row: pd.Series, turns: pd.DataFrame | None, column: str, who: str) -> Any:
+    """A per-turn value a token source needs: from the row itself, else from `turns`."""
+    if column in row.index:
+        return row[column]
+    if turns is None or column not in turns.columns:
+        raise KeyError(f"{who} needs a {column!r} column in the row or in turns")
+    match = turns[(turns.session_id == row.session_id) & (turns.turn == row.turn)]
+    if match.empty:
+        raise KeyError(f"no turn {row.turn} of session {row.session_id} in turns")
+    return match[column].iloc[0]
+
+
 TOKEN_SOURCES: dict[str, Any] = {"seeded": SeededTokens}
 """Token source kinds by name; `spec["tokens"]["kind"]` picks one when a workload is loaded.
 A kind's class is built as cls(**spec["tokens"] without "kind"); kinds that need per-turn data

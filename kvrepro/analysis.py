@@ -1,0 +1,581 @@
+"""From request records to the studies' curves and headline numbers, whatever the engine.
+
+Every function here takes the tidy records frame of `kvrepro.records` (one row per request,
+`RECORD_COLUMNS` plus `ttft_s`; several tiers' runs concatenated, told apart by `tier`) or a
+frame another function here returned. Nothing reads files and nothing knows whether a live
+vLLM server or the simulator produced the records, so a figure of a simulated run works
+unchanged on a GPU run.
+
+Rules, stated once because every curve and headline depends on them:
+
+* Failed requests (`error != ""`, or no first token) count no tokens anywhere; they are
+  only counted as failures where a function says so.
+* Throughput attribution: a request's prompt tokens (cached ones included, as study A counts
+  them: its tens of thousands of tok/s are mostly the offload layer's delivery rate) count in
+  the bin of its `first_token_s`, when prefill is done. Its output tokens are spread uniformly
+  over [`first_token_s`, `finish_s`] and split across bins by overlap; a request with
+  `first_token_s == finish_s` puts them all in that bin. Bins are [i*bin_s, (i+1)*bin_s) from
+  0 to the run end (`run_s`, or the latest `finish_s`, rounded up to whole bins; a token at
+  exactly the run end counts in the last bin). Tokens before 0 or after `run_s` are not
+  counted. Rates are tokens / `bin_s`, so a last bin that reaches past `run_s` reads low
+  (never high: a short last bin divided by its own width would turn one late prefill into a
+  spurious peak).
+* Cached prompt tokens are what the server reported. A request whose count is unknown (NaN)
+  makes its bin's cached and computed rates NaN rather than guessing.
+* Smoothing (headline functions, `smooth_bins` > 1): a centred rolling median (or mean) over
+  `smooth_bins` bins per tier, with partial windows at the ends (use an odd `smooth_bins`).
+  It is applied to the binned rates before taking peaks, plateaus, ratios or crossovers, so
+  one noisy minute does not become a headline.
+* Plateau windows select bins by their centre; the default window is the last third of the
+  run, where study A reads its "after saturation" levels.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvrepro._checks import non_negative, positive
+
+RATE_COLUMNS = ("total_tok_s", "output_tok_s", "prompt_tok_s", "cached_prompt_tok_s",
+                "computed_prompt_tok_s")
+_THROUGHPUT_NEEDS = ["tier", "first_token_s", "finish_s", "prompt_tokens",
+                     "cached_prompt_tokens", "output_tokens", "error"]
+_TTFT_NEEDS = ["tier", "send_s", "first_token_s", "error"]
+_SMOOTH_HOWS = ("median", "mean")
+TTFT_COLUMNS = ("tier", "bin_start_s", "bin_end_s", "n", "n_failed", "ttft_median_s",
+                "ttft_p90_s", "ttft_p99_s")
+SPLIT_COLUMNS = ("tier", "n_requests", "prompt_tokens", "cached_prompt_tokens",
+                 "computed_prompt_tokens", "hit_share", "n_cached_unknown")
+RESUME_COLUMNS = ("tier", "n_normal", "normal_ttft_median_s", "n_resumes", "n_resumes_failed",
+                  "resume_ttft_median_s", "resume_ttft_max_s")
+
+
+# ---------------------------------------------------------------- input checks and helpers
+
+def _require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    """Fail early, naming every missing column, instead of a KeyError deep inside pandas."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what}: input lacks column(s) {missing}")
+
+
+def _succeeded(records: pd.DataFrame) -> pd.Series:
+    """Boolean mask of requests that produced a first token without an error."""
+    error = records["error"].fillna("").astype(str)
+    return (error == "") & records["first_token_s"].notna()
+
+
+def _ttft_s(records: pd.DataFrame) -> pd.Series:
+    """TTFT from the times themselves, so hand-built frames need not carry `ttft_s`."""
+    return records["first_token_s"] - records["send_s"]
+
+
+def _tiers(df: pd.DataFrame) -> list[str]:
+    """Tiers in order of first appearance (the order runs were concatenated in)."""
+    return list(dict.fromkeys(df["tier"]))
+
+
+def _bin_edges(run_end_s: float, bin_s: float) -> np.ndarray:
+    """Edges 0, bin_s, ... covering [0, run_end_s]; at least one bin."""
+    n_bins = max(1, math.ceil(run_end_s / bin_s - 1e-9))
+    return np.arange(n_bins + 1) * float(bin_s)
+
+
+def _run_end_s(times: pd.Series, run_s: float | None, what: str) -> float:
+    if run_s is not None:
+        positive(run_s=run_s)
+        return float(run_s)
+    finite = times[np.isfinite(times.to_numpy(dtype=float))]
+    if finite.empty:
+        raise ValueError(f"{what}: no finite times to end the run at; pass run_s")
+    return max(float(finite.max()), 0.0)
+
+
+def _point_counts(times_s: np.ndarray, amounts: np.ndarray, edges: np.ndarray,
+                  run_end_s: float) -> np.ndarray:
+    """Sum `amounts` into the bin holding each time (NaN amounts make their bin NaN)."""
+    n_bins = len(edges) - 1
+    keep = (times_s >= 0) & (times_s <= run_end_s)
+    index = np.minimum((times_s[keep] // (edges[1] - edges[0])).astype(int), n_bins - 1)
+    return np.bincount(index, weights=amounts[keep], minlength=n_bins).astype(float)
+
+
+def _spread_uniform(start_s: np.ndarray, end_s: np.ndarray, amounts: np.ndarray,
+                    edges: np.ndarray, run_end_s: float) -> np.ndarray:
+    """Per-bin share of amounts spread uniformly over [start, end] (zero length: a point).
+
+    Works on the cumulative delivered amount (piecewise linear between start/end events), so
+    it costs O(n log n) however fine the bins, instead of an n x bins overlap matrix.
+    """
+    point = end_s <= start_s
+    per_bin = _point_counts(start_s[point], amounts[point], edges, run_end_s)
+    start_s, end_s, amounts = start_s[~point], end_s[~point], amounts[~point]
+    if len(start_s):
+        rate = amounts / (end_s - start_s)
+        times = np.concatenate([start_s, end_s])
+        order = np.argsort(times, kind="stable")
+        times, level = times[order], np.cumsum(np.concatenate([rate, -rate])[order])
+        area = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+        per_bin += np.diff(np.interp(np.minimum(edges, run_end_s), times, area))
+    return per_bin
+
+
+# ---------------------------------------------------------------- curves
+
+def _tier_throughput(ok: pd.DataFrame, tier: str, edges: np.ndarray,
+                     run_end_s: float) -> pd.DataFrame:
+    bin_s = edges[1] - edges[0]
+    first_s = ok["first_token_s"].to_numpy(dtype=float)
+    prompt = _point_counts(first_s, ok["prompt_tokens"].to_numpy(dtype=float), edges,
+                           run_end_s)
+    cached = _point_counts(first_s, ok["cached_prompt_tokens"].to_numpy(dtype=float), edges,
+                           run_end_s)
+    output = _spread_uniform(first_s, ok["finish_s"].to_numpy(dtype=float),
+                             ok["output_tokens"].to_numpy(dtype=float), edges, run_end_s)
+    return pd.DataFrame({
+        "tier": tier, "bin_start_s": edges[:-1], "bin_end_s": edges[1:],
+        "total_tok_s": (prompt + output) / bin_s, "output_tok_s": output / bin_s,
+        "prompt_tok_s": prompt / bin_s, "cached_prompt_tok_s": cached / bin_s,
+        "computed_prompt_tok_s": (prompt - cached) / bin_s})
+
+
+def throughput_over_time(records: pd.DataFrame, bin_s: float = 60.0,
+                         run_s: float | None = None) -> pd.DataFrame:
+    """Token rates per tier and time bin, the curves of study A's figures A2 and A3.
+
+    Returns one row per (tier, bin) with `tier, bin_start_s, bin_end_s, total_tok_s,
+    output_tok_s, prompt_tok_s, cached_prompt_tok_s, computed_prompt_tok_s`; empty bins are
+    present with 0. Attribution rule and NaN handling: see the module docstring. All tiers
+    share the same bins (run end = `run_s` or the latest `finish_s` of any tier), so their
+    curves can be compared bin by bin.
+    """
+    _require_columns(records, _THROUGHPUT_NEEDS, "throughput_over_time")
+    positive(bin_s=bin_s)
+    run_end_s = _run_end_s(records["finish_s"], run_s, "throughput_over_time")
+    edges = _bin_edges(run_end_s, bin_s)
+    ok = records[_succeeded(records) & records["finish_s"].notna()]
+    frames = [_tier_throughput(ok[ok["tier"] == tier], tier, edges, run_end_s)
+              for tier in _tiers(records)]
+    if not frames:
+        return pd.DataFrame(columns=["tier", "bin_start_s", "bin_end_s", *RATE_COLUMNS])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _tier_ttft(part: pd.DataFrame, tier: str, edges: np.ndarray) -> pd.DataFrame:
+    bins = range(len(edges) - 1)
+    ok = _succeeded(part)
+    ttft = _ttft_s(part)[ok].groupby(part["bin"][ok])
+    out = pd.DataFrame({"ttft_median_s": ttft.median(), "ttft_p90_s": ttft.quantile(0.9),
+                        "ttft_p99_s": ttft.quantile(0.99)}).reindex(bins)
+    out.insert(0, "n_failed", part["bin"][~ok].value_counts().reindex(bins, fill_value=0))
+    out.insert(0, "n", ttft.size().reindex(bins, fill_value=0))
+    out.insert(0, "bin_end_s", edges[1:])
+    out.insert(0, "bin_start_s", edges[:-1])
+    out.insert(0, "tier", tier)
+    return out.reset_index(drop=True)
+
+
+def ttft_over_time(records: pd.DataFrame, bin_s: float = 60.0, exclude_warmup: bool = False,
+                   run_s: float | None = None) -> pd.DataFrame:
+    """TTFT statistics per tier and bin of send time, the curves of figure A4.
+
+    Binning by *send* time shows what a user arriving at that moment experienced. Returns
+    `tier, bin_start_s, bin_end_s, n, n_failed, ttft_median_s, ttft_p90_s, ttft_p99_s`;
+    statistics cover successful requests only (`n` of them; percentiles interpolate
+    linearly) and are NaN in bins without any. Bins run from 0 to `run_s` or the latest send
+    time of any tier. `exclude_warmup` drops requests flagged `is_warmup`.
+    """
+    _require_columns(records, _TTFT_NEEDS + (["is_warmup"] if exclude_warmup else []),
+                     "ttft_over_time")
+    positive(bin_s=bin_s)
+    run_end_s = _run_end_s(records["send_s"], run_s, "ttft_over_time")
+    edges = _bin_edges(run_end_s, bin_s)
+    data = records[~records["is_warmup"].astype(bool)] if exclude_warmup else records
+    data = data[(data["send_s"] >= 0) & (data["send_s"] <= run_end_s)]
+    data = data.assign(bin=np.minimum((data["send_s"] // bin_s).astype(int), len(edges) - 2))
+    frames = [_tier_ttft(data[data["tier"] == tier], tier, edges) for tier in _tiers(records)]
+    if not frames:
+        return pd.DataFrame(columns=list(TTFT_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
+    """Per tier: prompt tokens served from cache vs computed, and the cache-hit share.
+
+    Successful requests only. Cached and computed totals (and `hit_share` = cached /
+    (cached + computed)) cover the requests whose cached count the server reported; how many
+    did not is in `n_cached_unknown`, so one missing count neither erases a tier's share nor
+    passes silently. Returns `tier, n_requests, prompt_tokens, cached_prompt_tokens,
+    computed_prompt_tokens, hit_share, n_cached_unknown`.
+    """
+    _require_columns(records, _THROUGHPUT_NEEDS, "prompt_split")
+    rows = []
+    for tier in _tiers(records):
+        part = records[(records["tier"] == tier) & _succeeded(records)]
+        known = part[part["cached_prompt_tokens"].notna()]
+        cached = float(known["cached_prompt_tokens"].sum())
+        computed = float(known["prompt_tokens"].sum()) - cached
+        rows.append({"tier": tier, "n_requests": len(part),
+                     "prompt_tokens": int(part["prompt_tokens"].sum()),
+                     "cached_prompt_tokens": cached, "computed_prompt_tokens": computed,
+                     "hit_share": cached / (cached + computed) if len(known) else math.nan,
+                     "n_cached_unknown": len(part) - len(known)})
+    return pd.DataFrame(rows, columns=list(SPLIT_COLUMNS))
+
+
+def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True) -> pd.DataFrame:
+    """Per tier: normal-turn vs resume TTFT, the numbers of figure A5.
+
+    A resume is the first turn of a session after its long idle; whether its KV survived the
+    idle is what the tiers differ in. Returns `tier, n_normal, normal_ttft_median_s,
+    n_resumes, n_resumes_failed, resume_ttft_median_s, resume_ttft_max_s`; medians and the
+    max cover successful requests, `n_resumes` counts failed resumes too (a failed resume
+    has no TTFT, so it cannot be the slowest one, but it must not vanish unseen).
+    """
+    _require_columns(records, _TTFT_NEEDS + ["is_resume"] + (["is_warmup"] if exclude_warmup
+                                                             else []), "resume_stats")
+    data = records[~records["is_warmup"].astype(bool)] if exclude_warmup else records
+    rows = []
+    for tier in _tiers(records):
+        part = data[data["tier"] == tier]
+        ok, resume = _succeeded(part), part["is_resume"].astype(bool)
+        ttft = _ttft_s(part)
+        normal, resumed = ttft[ok & ~resume], ttft[ok & resume]
+        rows.append({"tier": tier, "n_normal": len(normal),
+                     "normal_ttft_median_s": normal.median(), "n_resumes": int(resume.sum()),
+                     "n_resumes_failed": int((resume & ~ok).sum()),
+                     "resume_ttft_median_s": resumed.median(),
+                     "resume_ttft_max_s": resumed.max()})
+    return pd.DataFrame(rows, columns=list(RESUME_COLUMNS))
+
+
+# ---------------------------------------------------------------- headline extraction
+
+def smooth_rates(binned: pd.DataFrame, smooth_bins: int = 1, how: str = "median",
+                 columns: Iterable[str] | None = None) -> pd.DataFrame:
+    """Copy of `binned` with rate columns smoothed per tier (centred rolling window).
+
+    Partial windows at the ends (min_periods=1) keep every bin; `smooth_bins=1` returns an
+    unchanged copy. Rows are taken in `bin_start_s` order within each tier.
+    """
+    if not isinstance(smooth_bins, int | np.integer) or smooth_bins < 1:
+        raise ValueError(f"parameter 'smooth_bins' must be an integer >= 1, got {smooth_bins!r}")
+    if how not in _SMOOTH_HOWS:
+        raise ValueError(f"parameter 'how' must be one of {_SMOOTH_HOWS}, got {how!r}")
+    _require_columns(binned, ["tier", "bin_start_s"], "smooth_rates")
+    out = binned.copy()
+    cols = list(columns) if columns is not None else [c for c in RATE_COLUMNS if c in binned]
+    if smooth_bins == 1 or not cols:
+        return out
+    ordered = binned.sort_values("bin_start_s", kind="stable")
+    smoothed = ordered.groupby("tier", sort=False)[cols].transform(
+        lambda s: getattr(s.rolling(smooth_bins, center=True, min_periods=1), how)())
+    out[cols] = smoothed.reindex(out.index)
+    return out
+
+
+def _prepared(binned: pd.DataFrame, column: str, smooth_bins: int, how: str) -> pd.DataFrame:
+    _require_columns(binned, ["tier", "bin_start_s", "bin_end_s", column], "binned throughput")
+    return smooth_rates(binned, smooth_bins, how, [column])
+
+
+def _wide(binned: pd.DataFrame, column: str, smooth_bins: int, how: str) -> pd.DataFrame:
+    """One column per tier, indexed by (bin_start_s, bin_end_s), in time order."""
+    data = _prepared(binned, column, smooth_bins, how)
+    wide = data.pivot(index=["bin_start_s", "bin_end_s"], columns="tier", values=column)
+    return wide.sort_index()[_tiers(data)]
+
+
+def _need_tiers(wide: pd.DataFrame, *tiers: str) -> None:
+    missing = [t for t in tiers if t not in wide.columns]
+    if missing:
+        raise ValueError(f"tier(s) {missing} not in the data (tiers: {list(wide.columns)})")
+
+
+def peak(binned: pd.DataFrame, column: str = "total_tok_s", smooth_bins: int = 1,
+         how: str = "median") -> pd.DataFrame:
+    """Highest (smoothed) rate per tier and when it happened.
+
+    Returns `tier, peak_tok_s, peak_bin_start_s, peak_time_s` (bin centre); ties go to the
+    earliest bin.
+    """
+    data = _prepared(binned, column, smooth_bins, how)
+    rows = []
+    for tier, part in data.groupby("tier", sort=False):
+        at = part.loc[part[column].idxmax()]
+        rows.append({"tier": tier, "peak_tok_s": float(at[column]),
+                     "peak_bin_start_s": float(at["bin_start_s"]),
+                     "peak_time_s": (float(at["bin_start_s"]) + float(at["bin_end_s"])) / 2})
+    return pd.DataFrame(rows)
+
+
+def _window_s(binned: pd.DataFrame, t0_s: float | None,
+              t1_s: float | None) -> tuple[float, float]:
+    """[t0, t1] with the defaults: the last third of the run."""
+    run_end_s = float(binned["bin_end_s"].max())
+    return (run_end_s * 2 / 3 if t0_s is None else t0_s, run_end_s if t1_s is None else t1_s)
+
+
+def plateau(binned: pd.DataFrame, column: str = "total_tok_s", t0_s: float | None = None,
+            t1_s: float | None = None, smooth_bins: int = 1, how: str = "median") -> pd.Series:
+    """Mean rate per tier over the bins whose centre lies in [t0_s, t1_s].
+
+    The default window is the last third of the run: study A reads its settled levels
+    ("after saturation", "the second half of the run") there. NaN when no bin falls inside.
+    """
+    data = _prepared(binned, column, smooth_bins, how)
+    t0_s, t1_s = _window_s(data, t0_s, t1_s)
+    centre_s = (data["bin_start_s"] + data["bin_end_s"]) / 2
+    inside = data[(centre_s >= t0_s) & (centre_s <= t1_s)]
+    means = inside.groupby("tier", sort=False)[column].mean()
+    return means.reindex(_tiers(data)).rename(f"{column}_plateau")
+
+
+def retained_share(binned: pd.DataFrame, column: str = "total_tok_s",
+                   t0_s: float | None = None, t1_s: float | None = None,
+                   smooth_bins: int = 1, how: str = "median") -> pd.Series:
+    """Plateau after saturation as a share (0-1) of the tier's own peak (A2: 42 % / 94 %)."""
+    level = plateau(binned, column, t0_s, t1_s, smooth_bins, how)
+    top = peak(binned, column, smooth_bins, how).set_index("tier")["peak_tok_s"]
+    return (level / top.reindex(level.index)).rename(f"{column}_retained_share")
+
+
+def gain_over_baseline_at_peak(binned: pd.DataFrame, column: str = "total_tok_s",
+                               baseline: str = "baseline", smooth_bins: int = 1,
+                               how: str = "median") -> pd.Series:
+    """Each non-baseline tier's peak over the baseline's rate in that same bin (A2: 2.9x).
+
+    Comparing in the same bin, not peak to peak, is what study A does: the offload tiers
+    peak when the baseline has long plateaued, and the ratio says what offload buys then.
+    """
+    wide = _wide(binned, column, smooth_bins, how)
+    _need_tiers(wide, baseline)
+    gains = {}
+    for tier in (t for t in wide.columns if t != baseline):
+        at = wide[tier].idxmax()
+        gains[tier] = wide.at[at, tier] / wide.at[at, baseline]
+    return pd.Series(gains, name=f"{column}_gain_over_{baseline}", dtype=float)
+
+
+def crossover_time_s(binned: pd.DataFrame, a: str, b: str, column: str = "total_tok_s",
+                     hold_s: float = 600.0, smooth_bins: int = 1, how: str = "median") -> float:
+    """Start of the first stretch of bins, lasting >= `hold_s`, where tier a beats tier b.
+
+    The hold keeps two curves that run within noise of each other (study A's tiers in the
+    first ten minutes) from "crossing" at every bin. NaN if no such stretch fits in the run.
+    """
+    non_negative(hold_s=hold_s)
+    wide = _wide(binned, column, smooth_bins, how)
+    _need_tiers(wide, a, b)
+    above = (wide[a] > wide[b]).to_numpy()
+    starts = wide.index.get_level_values("bin_start_s")
+    ends = wide.index.get_level_values("bin_end_s")
+    first: int | None = None
+    for i, is_above in enumerate(above):
+        first = (i if first is None else first) if is_above else None
+        if first is not None and ends[i] - starts[first] >= hold_s:
+            return float(starts[first])
+    return math.nan
+
+
+def early_spread(binned: pd.DataFrame, column: str = "total_tok_s", window_s: float = 600.0,
+                 start_s: float = 0.0, smooth_bins: int = 1, how: str = "median") -> float:
+    """Largest relative spread between tiers, (max - min) / mean, in the early window.
+
+    Bins lying wholly inside [start_s, start_s + window_s] count; bins where every tier is
+    at 0 are skipped. A fraction (A2: all tiers within 0.01 for the first ~10 min).
+    """
+    positive(window_s=window_s)
+    wide = _wide(binned, column, smooth_bins, how)
+    starts = wide.index.get_level_values("bin_start_s")
+    ends = wide.index.get_level_values("bin_end_s")
+    part = wide[(starts >= start_s) & (ends <= start_s + window_s + 1e-9)]
+    mean = part.mean(axis=1)
+    spread = ((part.max(axis=1) - part.min(axis=1)) / mean)[mean > 0]
+    return float(spread.max()) if len(spread) else math.nan
+
+
+def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float,
+                fraction: float = 0.98, tier: str | None = None) -> float:
+    """First sample time at which `column` (bytes used) reaches `fraction` of capacity.
+
+    A tier is "full" a little before 100 %: eviction keeps it just under its size, so an
+    exact-capacity test could never fire. `tier` selects one tier's samples (they carry a
+    `tier` column when read with `read_runs`). NaN if it never fills.
+    """
+    _require_columns(samples, ["time_s", column] + (["tier"] if tier is not None else []),
+                     "fill_time_s")
+    positive(capacity_bytes=capacity_bytes)
+    if not 0 < fraction <= 1:
+        raise ValueError(f"parameter 'fraction' must be in (0, 1], got {fraction!r}")
+    data = samples if tier is None else samples[samples["tier"] == tier]
+    full = data.loc[data[column] >= fraction * capacity_bytes, "time_s"]
+    return float(full.min()) if len(full) else math.nan
+
+
+# ---------------------------------------------------------------- study A in one call
+
+@dataclass(frozen=True)
+class StudyASettings:
+    """How `study_a_headlines` reads the runs; every choice in one place.
+
+    `after_window_s` is the (t0, t1) window of the "after saturation" levels (A2.*_after,
+    retained shares, A3.flash_output); None means the last third of the run.
+    `early_window_s` bounds A2.early_spread and A4.ttft_cached. The DRAM fill time needs
+    samples with `dram_bytes_column` for the DRAM tier and `dram_capacity_bytes`.
+    """
+
+    bin_s: float = 60.0
+    run_s: float | None = None
+    smooth_bins: int = 1
+    smooth: str = "median"
+    baseline: str = "baseline"
+    dram: str = "dram"
+    flash: str = "flash"
+    after_window_s: tuple[float, float] | None = None
+    early_window_s: float = 600.0
+    dram_bytes_column: str = "dram_bytes_used"
+    dram_capacity_bytes: float | None = None
+    fill_fraction: float = 0.98
+
+    def smoothing(self) -> dict[str, Any]:
+        """Keyword arguments of the headline functions' smoothing."""
+        return {"smooth_bins": self.smooth_bins, "how": self.smooth}
+
+    def after_window(self) -> tuple[float | None, float | None]:
+        """(t0_s, t1_s) of the "after saturation" window; None ends mean the defaults."""
+        return self.after_window_s if self.after_window_s is not None else (None, None)
+
+    def roles(self, present: Iterable[str]) -> dict[str, str]:
+        """Role (as used in reference ids) -> tier name, for the tiers in the data."""
+        names = set(present)
+        return {role: tier for role, tier in (("baseline", self.baseline), ("dram", self.dram),
+                                              ("flash", self.flash)) if tier in names}
+
+
+def _a2_headlines(binned: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
+                  ) -> dict[str, float]:
+    smooth = s.smoothing()
+    top = peak(binned, "total_tok_s", **smooth).set_index("tier")["peak_tok_s"]
+    after = plateau(binned, "total_tok_s", *s.after_window(), **smooth)
+    out: dict[str, float] = {}
+    gains = pd.Series(dtype=float)
+    if "baseline" in roles:
+        out["A2.baseline_plateau"] = after[roles["baseline"]]
+        gains = gain_over_baseline_at_peak(binned, "total_tok_s", roles["baseline"], **smooth)
+    for role in ("dram", "flash"):
+        if role in roles:
+            tier = roles[role]
+            if tier in gains.index:
+                out[f"A2.{role}_peak_gain"] = gains[tier]
+            out[f"A2.{role}_after"] = after[tier]
+            out[f"A2.{role}_retained"] = 100 * after[tier] / top[tier]
+    if len(roles) >= 2:
+        three = binned[binned["tier"].isin(roles.values())]
+        out["A2.early_spread"] = 100 * early_spread(three, "total_tok_s", s.early_window_s,
+                                                    **smooth)
+    return out
+
+
+def _a3_headlines(binned: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
+                  ) -> dict[str, float]:
+    smooth = s.smoothing()
+    after = plateau(binned, "output_tok_s", *s.after_window(), **smooth)
+    out: dict[str, float] = {}
+    if "dram" in roles:
+        top = peak(binned, "output_tok_s", **smooth).set_index("tier")["peak_tok_s"]
+        out["A3.dram_peak_output"] = top[roles["dram"]]
+    if "flash" in roles:
+        out["A3.flash_output"] = after[roles["flash"]]
+    if "baseline" in roles and "dram" in roles:
+        gains = gain_over_baseline_at_peak(binned, "output_tok_s", roles["baseline"], **smooth)
+        out["A3.dram_output_gain"] = gains[roles["dram"]]
+    if "baseline" in roles and "flash" in roles:
+        out["A3.flash_output_gain"] = after[roles["flash"]] / after[roles["baseline"]]
+    return out
+
+
+def _a4_headlines(records: pd.DataFrame, s: StudyASettings, roles: dict[str, str],
+                  dram_fill_s: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    data = records[records["tier"].isin(roles.values()) & ~records["is_warmup"].astype(bool)]
+    early = data[_succeeded(data) & ~data["is_resume"].astype(bool)
+                 & (data["send_s"] < s.early_window_s)]
+    if len(early):
+        out["A4.ttft_cached"] = float(_ttft_s(early).median())
+    curves = (ttft_over_time(data, s.bin_s, run_s=s.run_s) if len(data)
+              else pd.DataFrame(columns=list(TTFT_COLUMNS)))
+    if "baseline" in roles:
+        part = curves[curves["tier"] == roles["baseline"]]
+        out["A4.baseline_ttft_high"] = part.loc[
+            part["bin_end_s"] <= part["bin_end_s"].max() / 2, "ttft_median_s"].max()
+    if "dram" in roles and math.isfinite(dram_fill_s):
+        part = curves[curves["tier"] == roles["dram"]]
+        out["A4.dram_ttft_before_fill"] = part.loc[part["bin_end_s"] <= dram_fill_s,
+                                                   "ttft_median_s"].max()
+    return out
+
+
+def _a5_headlines(records: pd.DataFrame, roles: dict[str, str]) -> dict[str, float]:
+    data = records[records["tier"].isin(roles.values())]
+    stats = resume_stats(data, exclude_warmup=True).set_index("tier")
+    out: dict[str, float] = {}
+    for role, tier in roles.items():
+        out[f"A5.resume_median_{role}"] = stats.at[tier, "resume_ttft_median_s"]
+        out[f"A5.resume_max_{role}"] = stats.at[tier, "resume_ttft_max_s"]
+    normal = data[_succeeded(data) & ~data["is_resume"].astype(bool)
+                  & ~data["is_warmup"].astype(bool)]
+    out["A5.normal_ttft"] = float(_ttft_s(normal).median())
+    out["A5.resumes"] = float(stats["n_resumes"].max())
+    return out
+
+
+def _dram_fill_s(samples: pd.DataFrame | None, s: StudyASettings) -> float:
+    if (samples is None or s.dram_capacity_bytes is None
+            or s.dram_bytes_column not in samples.columns):
+        return math.nan
+    tier = s.dram if "tier" in samples.columns else None
+    return fill_time_s(samples, s.dram_bytes_column, s.dram_capacity_bytes, s.fill_fraction,
+                       tier)
+
+
+def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None,
+                      settings: StudyASettings | None = None, **changes: Any
+                      ) -> dict[str, float]:
+    """Study A's headline numbers (figures A2-A5) from one run per tier, keyed by reference id.
+
+    Values are in the unit of `data/reference/reference_numbers.csv` (shares and spreads in
+    percent, gains as ratios, fill time in minutes), ready for `kvrepro.reference.compare`.
+    Ids whose tiers are missing, or that came out NaN or infinite (no resumes, no samples, a
+    zero baseline, ...) are left out rather than reported as numbers. Keyword `changes`
+    override fields of `settings` (see `StudyASettings`), e.g.
+    `study_a_headlines(rec, smp, dram_capacity_bytes=512e9)`.
+
+    Definitions beyond the curve functions: A2/A3 "after" levels are plateaus over
+    `after_window_s`; A3.flash_output_gain is flash's over the baseline's plateau there;
+    A4.ttft_cached is the median TTFT of all tiers' normal, non-warm-up turns sent in the
+    first `early_window_s`; A4.baseline_ttft_high the highest binned median in the first half
+    of the run; A4.dram_ttft_before_fill the highest DRAM binned median before the fill;
+    A5.normal_ttft the median of all tiers' normal turns; A5.resumes the most resumes any
+    tier saw (every tier replays the same workload).
+    """
+    s = replace(settings or StudyASettings(), **changes)
+    _require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
+                     "study_a_headlines")
+    roles = s.roles(records["tier"])
+    if not roles:
+        return {}
+    data = records[records["tier"].isin(roles.values())]
+    binned = throughput_over_time(data, s.bin_s, s.run_s)
+    dram_fill_s = _dram_fill_s(samples, s)
+    out = {**_a2_headlines(binned, s, roles), **_a3_headlines(binned, s, roles),
+           **_a4_headlines(data, s, roles, dram_fill_s), **_a5_headlines(data, roles)}
+    if math.isfinite(dram_fill_s):
+        out["A2.dram_fill_time"] = dram_fill_s / 60
+    return {k: float(v) for k, v in out.items() if pd.notna(v) and math.isfinite(float(v))}

@@ -1,0 +1,349 @@
+"""Analysis of request records, on hand-built runs whose answers are worked out by hand."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvrepro import analysis as an
+from kvrepro.records import RECORD_COLUMNS, RunWriter, read_runs
+from kvrepro.reference import load_reference
+
+
+def rec(tier="baseline", send_s=0.0, first_token_s=1.0, finish_s=1.0, prompt_tokens=0,
+        cached_prompt_tokens=0.0, output_tokens=0, is_resume=False, is_warmup=False,
+        error="", session_id=1, turn=0) -> dict:
+    return {"session_id": session_id, "turn": turn, "tier": tier, "engine": "sim",
+            "send_s": send_s, "first_token_s": first_token_s, "finish_s": finish_s,
+            "prompt_tokens": prompt_tokens, "cached_prompt_tokens": cached_prompt_tokens,
+            "output_tokens": output_tokens, "is_resume": is_resume, "is_warmup": is_warmup,
+            "error": error}
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=list(RECORD_COLUMNS))
+    return df.assign(ttft_s=df.first_token_s - df.send_s)
+
+
+def binned(rates: dict[str, list[float]], bin_s: float = 60.0,
+           column: str = "total_tok_s") -> pd.DataFrame:
+    """A throughput frame with given per-bin rates, as throughput_over_time returns."""
+    parts = []
+    for tier, values in rates.items():
+        starts = np.arange(len(values)) * bin_s
+        parts.append(pd.DataFrame({"tier": tier, "bin_start_s": starts,
+                                   "bin_end_s": starts + bin_s, column: values}))
+    return pd.concat(parts, ignore_index=True)
+
+
+# ---------------------------------------------------------------- throughput_over_time
+
+def test_request_spanning_two_bins_splits_output_by_overlap() -> None:
+    # prompt 600 at t=30 -> bin 0; output 120 over [30, 90]: 60 in each bin.
+    df = frame([rec(send_s=10, first_token_s=30, finish_s=90, prompt_tokens=600,
+                    cached_prompt_tokens=200.0, output_tokens=120)])
+    out = an.throughput_over_time(df, bin_s=60)
+    assert list(out.bin_start_s) == [0.0, 60.0]
+    assert list(out.bin_end_s) == [60.0, 120.0]
+    assert out.output_tok_s.tolist() == pytest.approx([1.0, 1.0])
+    assert out.prompt_tok_s.tolist() == pytest.approx([10.0, 0.0])
+    assert out.total_tok_s.tolist() == pytest.approx([11.0, 1.0])
+    assert out.cached_prompt_tok_s.tolist() == pytest.approx([200 / 60, 0.0])
+    assert out.computed_prompt_tok_s.tolist() == pytest.approx([400 / 60, 0.0])
+
+
+def test_uneven_overlap_and_zero_length_request() -> None:
+    # output 100 over [50, 150]: 10 in bin 0, 60 in bin 1, 30 in bin 2;
+    # a second request with first token == finish at 130 puts its 12 tokens in bin 2.
+    df = frame([rec(first_token_s=50, finish_s=150, output_tokens=100),
+                rec(first_token_s=130, finish_s=130, output_tokens=12, prompt_tokens=6)])
+    out = an.throughput_over_time(df, bin_s=60)
+    assert (out.output_tok_s * 60).tolist() == pytest.approx([10, 60, 42])
+    assert (out.prompt_tok_s * 60).tolist() == pytest.approx([0, 0, 6])
+
+
+def test_failed_requests_count_nothing_and_empty_bins_are_zero() -> None:
+    df = frame([rec(first_token_s=10, finish_s=20, prompt_tokens=60, output_tokens=60),
+                rec(first_token_s=15, finish_s=25, prompt_tokens=999, output_tokens=999,
+                    error="timeout"),
+                rec(first_token_s=math.nan, finish_s=30, prompt_tokens=999, error="refused")])
+    out = an.throughput_over_time(df, bin_s=60, run_s=240)
+    assert len(out) == 4
+    assert out.total_tok_s.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.0])
+
+
+def test_tokens_after_run_end_are_not_counted() -> None:
+    # output 120 over [90, 150] with run_s = 120: only the 60 tokens before 120 count.
+    df = frame([rec(first_token_s=90, finish_s=150, output_tokens=120),
+                rec(first_token_s=130, finish_s=130, prompt_tokens=500)])
+    out = an.throughput_over_time(df, bin_s=60, run_s=120)
+    assert (out.output_tok_s * 60).tolist() == pytest.approx([0, 60])
+    assert out.prompt_tok_s.sum() == 0
+
+
+def test_unknown_cached_count_makes_its_bin_nan_only() -> None:
+    df = frame([rec(first_token_s=10, finish_s=10, prompt_tokens=60, cached_prompt_tokens=30.0),
+                rec(first_token_s=70, finish_s=70, prompt_tokens=60,
+                    cached_prompt_tokens=math.nan)])
+    out = an.throughput_over_time(df, bin_s=60)
+    assert out.cached_prompt_tok_s.iloc[0] == pytest.approx(0.5)
+    assert out.computed_prompt_tok_s.iloc[0] == pytest.approx(0.5)
+    assert math.isnan(out.cached_prompt_tok_s.iloc[1])
+    assert math.isnan(out.computed_prompt_tok_s.iloc[1])
+    assert out.prompt_tok_s.iloc[1] == pytest.approx(1.0)  # the prompt itself is known
+
+
+def test_tiers_share_bins_through_a_run_folder(tmp_path) -> None:
+    dirs = []
+    for tier, finish in (("baseline", 50.0), ("dram", 170.0)):
+        with RunWriter(tmp_path / tier, {"tier": tier}) as w:
+            w.write_record(rec(tier=tier, first_token_s=40.0, finish_s=finish,
+                               prompt_tokens=120, cached_prompt_tokens=60.0,
+                               output_tokens=13))
+        dirs.append(tmp_path / tier)
+    records, _ = read_runs(dirs)
+    out = an.throughput_over_time(records, bin_s=60)
+    assert out.groupby("tier").size().to_dict() == {"baseline": 3, "dram": 3}
+    base = out[out.tier == "baseline"]
+    assert base.total_tok_s.tolist() == pytest.approx([133 / 60, 0, 0])
+
+
+# ---------------------------------------------------------------- ttft, split, resumes
+
+def test_ttft_per_bin_median_and_p90() -> None:
+    ttfts = [1.0, 2.0, 3.0, 4.0, 10.0]
+    rows = [rec(send_s=5 + i, first_token_s=5 + i + t, finish_s=20 + i)
+            for i, t in enumerate(ttfts)]
+    rows += [rec(send_s=70, first_token_s=70.5, finish_s=71),
+             rec(send_s=75, first_token_s=math.nan, finish_s=80, error="boom"),
+             rec(send_s=130, first_token_s=131, finish_s=132, is_warmup=True)]
+    out = an.ttft_over_time(frame(rows), bin_s=60)
+    assert out.n.tolist() == [5, 1, 1]
+    assert out.n_failed.tolist() == [0, 1, 0]
+    assert out.ttft_median_s.tolist() == pytest.approx([3.0, 0.5, 1.0])
+    # linear interpolation: p90 of [1, 2, 3, 4, 10] = 4 + 0.6 * 6 = 7.6
+    assert out.ttft_p90_s.iloc[0] == pytest.approx(7.6)
+    assert out.ttft_p99_s.iloc[0] == pytest.approx(4 + 0.96 * 6)
+    no_warm = an.ttft_over_time(frame(rows), bin_s=60, exclude_warmup=True)
+    assert no_warm.n.tolist() == [5, 1, 0]
+    assert math.isnan(no_warm.ttft_median_s.iloc[2])
+
+
+def test_prompt_split_totals_and_hit_share() -> None:
+    rows = [rec(tier="dram", prompt_tokens=1000, cached_prompt_tokens=900.0),
+            rec(tier="dram", prompt_tokens=500, cached_prompt_tokens=100.0),
+            rec(tier="dram", prompt_tokens=300, cached_prompt_tokens=math.nan),
+            rec(tier="dram", prompt_tokens=7000, cached_prompt_tokens=7000.0, error="x"),
+            rec(tier="baseline", prompt_tokens=400, cached_prompt_tokens=0.0)]
+    out = an.prompt_split(frame(rows)).set_index("tier")
+    dram = out.loc["dram"]
+    assert dram.n_requests == 3
+    assert dram.prompt_tokens == 1800
+    assert dram.cached_prompt_tokens == 1000
+    assert dram.computed_prompt_tokens == 500
+    assert dram.hit_share == pytest.approx(1000 / 1500)
+    assert dram.n_cached_unknown == 1
+    assert out.loc["baseline"].hit_share == 0
+
+
+def test_resume_stats_per_tier() -> None:
+    rows = [rec(tier="flash", send_s=0, first_token_s=9.0, is_warmup=True),
+            rec(tier="flash", send_s=10, first_token_s=10.4),
+            rec(tier="flash", send_s=20, first_token_s=20.6),
+            rec(tier="flash", send_s=30, first_token_s=30.5),
+            rec(tier="flash", send_s=40, first_token_s=40.8, is_resume=True),
+            rec(tier="flash", send_s=50, first_token_s=53.2, is_resume=True),
+            rec(tier="flash", send_s=60, first_token_s=60.6, is_resume=True),
+            rec(tier="flash", send_s=70, first_token_s=math.nan, is_resume=True, error="e")]
+    out = an.resume_stats(frame(rows)).set_index("tier").loc["flash"]
+    assert out.n_normal == 3
+    assert out.normal_ttft_median_s == pytest.approx(0.5)
+    assert out.n_resumes == 4
+    assert out.n_resumes_failed == 1
+    assert out.resume_ttft_median_s == pytest.approx(0.8)
+    assert out.resume_ttft_max_s == pytest.approx(3.2)
+    with_warmup = an.resume_stats(frame(rows), exclude_warmup=False).iloc[0]
+    assert with_warmup.normal_ttft_median_s == pytest.approx(0.55)
+
+
+# ---------------------------------------------------------------- headline functions
+
+CURVES = {"baseline": [10, 12, 12, 12, 12, 12],
+          "dram": [10, 20, 35, 30, 14, 16],
+          "flash": [10, 18, 30, 29, 28, 28]}
+
+
+def test_peak_value_and_time() -> None:
+    out = an.peak(binned(CURVES)).set_index("tier")
+    assert out.loc["dram"].peak_tok_s == 35
+    assert out.loc["dram"].peak_bin_start_s == 120
+    assert out.loc["dram"].peak_time_s == 150
+    assert out.loc["baseline"].peak_bin_start_s == 60  # ties go to the earliest bin
+
+
+def test_plateau_default_last_third_and_window() -> None:
+    data = binned(CURVES)
+    assert an.plateau(data)["dram"] == pytest.approx(15)    # bins 4, 5
+    assert an.plateau(data, t0_s=60, t1_s=180)["flash"] == pytest.approx(24)  # bins 1, 2
+    assert an.retained_share(data)["dram"] == pytest.approx(15 / 35)
+    assert an.retained_share(data)["flash"] == pytest.approx(28 / 30)
+
+
+def test_gain_over_baseline_uses_the_baseline_in_the_peak_bin() -> None:
+    data = binned({"baseline": [10, 12, 14, 20], "dram": [10, 20, 35, 21]})
+    gains = an.gain_over_baseline_at_peak(data)
+    assert list(gains.index) == ["dram"]
+    assert gains["dram"] == pytest.approx(35 / 14)   # not 35 / 20 (baseline's own peak)
+
+
+def test_smoothing_changes_peak_and_is_centred() -> None:
+    data = binned({"dram": [0, 10, 100, 10, 10, 0]})
+    smoothed = an.smooth_rates(data, 3)
+    assert smoothed.total_tok_s.tolist() == pytest.approx([5, 10, 10, 10, 10, 5])
+    assert an.peak(data, smooth_bins=3).peak_tok_s.iloc[0] == pytest.approx(10)
+    means = an.smooth_rates(data, 3, how="mean").total_tok_s.tolist()
+    assert means[2] == pytest.approx(40)
+
+
+def test_crossover_respects_hold() -> None:
+    data = binned({"dram": [10, 10, 30, 30, 30, 20, 15, 15, 15],
+                   "flash": [10, 11, 25, 25, 25, 25, 25, 25, 25]})
+    # flash > dram in bin 1 only (a blip), then from bin 5 on (4 bins = 240 s).
+    assert an.crossover_time_s(data, "flash", "dram", hold_s=0) == 60
+    assert an.crossover_time_s(data, "flash", "dram", hold_s=120) == 300
+    assert an.crossover_time_s(data, "flash", "dram", hold_s=240) == 300
+    assert math.isnan(an.crossover_time_s(data, "flash", "dram", hold_s=241))
+
+
+def test_early_spread_is_max_relative_spread_in_window() -> None:
+    data = binned({"baseline": [100, 200, 900], "dram": [101, 198, 10],
+                   "flash": [99, 202, 500]})
+    # bin 0: 2 / 100; bin 1: 4 / 200; bin 2 lies outside the 120 s window.
+    assert an.early_spread(data, window_s=120) == pytest.approx(0.02)
+    assert an.early_spread(data, window_s=180) > 0.5
+
+
+def test_fill_time_first_sample_reaching_the_fraction() -> None:
+    samples = pd.DataFrame({"time_s": [0, 30, 60, 90, 0, 30],
+                            "tier": ["dram"] * 4 + ["flash"] * 2,
+                            "dram_bytes_used": [0, 400, 490, 500, 500, 500]})
+    assert an.fill_time_s(samples, "dram_bytes_used", 500, tier="dram") == 60
+    assert an.fill_time_s(samples, "dram_bytes_used", 500, fraction=1.0, tier="dram") == 90
+    assert an.fill_time_s(samples, "dram_bytes_used", 500) == 0  # all tiers
+    assert math.isnan(an.fill_time_s(samples, "dram_bytes_used", 1000, tier="dram"))
+
+
+# ---------------------------------------------------------------- study A in one call
+
+# Per tier, one request per 60 s bin with first token == finish at the bin centre, so each
+# bin's rate is (prompt + output) / 60 exactly. Bin 0 is warm-up; bins 3 and 4 are resumes.
+PROMPT = {"baseline": [600] * 6, "dram": [606, 600, 2400, 1800, 900, 900],
+          "flash": [600, 600, 1800, 1800, 1500, 1500]}
+OUTPUT = {"baseline": [60] * 6, "dram": [60, 60, 120, 90, 60, 60],
+          "flash": [60, 60, 90, 90, 90, 90]}
+TTFT = {"baseline": [9, 0.4, 2.0, 1.2, 1.6, 3.0], "dram": [9, 0.5, 0.5, 0.6, 0.8, 0.7],
+        "flash": [9, 0.6, 0.6, 0.7, 3.2, 0.9]}
+
+
+@pytest.fixture
+def three_tiers() -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows = []
+    for tier in PROMPT:
+        for i in range(6):
+            t = 60 * i + 30
+            rows.append(rec(tier=tier, send_s=t - TTFT[tier][i], first_token_s=t, finish_s=t,
+                            prompt_tokens=PROMPT[tier][i], output_tokens=OUTPUT[tier][i],
+                            is_warmup=i == 0, is_resume=i in (3, 4), session_id=i))
+    samples = pd.DataFrame({"time_s": [0, 60, 120, 180, 240, 60],
+                            "tier": ["dram"] * 5 + ["flash"],
+                            "dram_bytes_used": [0, 100, 300, 490, 500, 500]})
+    return frame(rows), samples
+
+
+def test_study_a_headlines_by_hand(three_tiers) -> None:
+    records, samples = three_tiers
+    got = an.study_a_headlines(records, samples, run_s=360, early_window_s=120,
+                               dram_capacity_bytes=500)
+    # totals per bin (tok/s): baseline 11 everywhere; dram 11.1 11 42 31.5 16 16;
+    # flash 11 11 31.5 31.5 26.5 26.5. After window = last third = bins 4, 5.
+    want = {
+        "A2.baseline_plateau": 11, "A2.dram_peak_gain": 42 / 11,
+        "A2.flash_peak_gain": 31.5 / 11, "A2.dram_after": 16, "A2.flash_after": 26.5,
+        "A2.dram_retained": 100 * 16 / 42, "A2.flash_retained": 100 * 26.5 / 31.5,
+        "A2.early_spread": 100 * 0.1 / ((11 + 11.1 + 11) / 3),
+        "A2.dram_fill_time": 3.0,
+        # output (tok/s): baseline 1; dram 1 1 2 1.5 1 1; flash 1 1 1.5 1.5 1.5 1.5
+        "A3.dram_peak_output": 2, "A3.dram_output_gain": 2, "A3.flash_output": 1.5,
+        "A3.flash_output_gain": 1.5,
+        # sent before 120 s, not warm-up, not resume: 0.4, 0.5, 0.6
+        "A4.ttft_cached": 0.5,
+        # baseline binned medians in the first half (bins 1, 2): 0.4, 2.0
+        "A4.baseline_ttft_high": 2.0,
+        # dram binned medians in bins ending by the fill at 180 s: 0.5, 0.5
+        "A4.dram_ttft_before_fill": 0.5,
+        "A5.resume_median_baseline": 1.4, "A5.resume_max_baseline": 1.6,
+        "A5.resume_median_dram": 0.7, "A5.resume_max_dram": 0.8,
+        "A5.resume_median_flash": 1.95, "A5.resume_max_flash": 3.2,
+        # normal turns 0.4 2.0 3.0 / 0.5 0.5 0.7 / 0.6 0.6 0.9 -> median 0.6
+        "A5.normal_ttft": 0.6, "A5.resumes": 2,
+    }
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key
+    assert set(got) <= set(load_reference().index)
+
+
+def test_study_a_headlines_omits_missing_tiers_and_fill(three_tiers) -> None:
+    records, samples = three_tiers
+    got = an.study_a_headlines(records[records.tier != "baseline"], samples, run_s=360)
+    assert not any("baseline" in k or "gain" in k for k in got)
+    assert "A2.dram_fill_time" not in got          # no capacity given
+    assert got["A2.dram_after"] == pytest.approx(16)
+    renamed = records.replace({"tier": {"dram": "cpu-offload"}})
+    got = an.study_a_headlines(renamed, run_s=360, dram="cpu-offload")
+    assert got["A2.dram_peak_gain"] == pytest.approx(42 / 11)
+    assert an.study_a_headlines(records.assign(tier="other")) == {}
+
+
+def test_study_a_headlines_smoothing_setting(three_tiers) -> None:
+    records, _ = three_tiers
+    settings = an.StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
+    got = an.study_a_headlines(records, settings=settings)
+    # dram smoothed (mean of 3): bin 2 = (11 + 42 + 31.5) / 3 = 28.2, bin 3 =
+    # (42 + 31.5 + 16) / 3 = 29.8 is the peak; the baseline is 11 everywhere.
+    assert got["A2.dram_peak_gain"] == pytest.approx(((42 + 31.5 + 16) / 3) / 11)
+    with pytest.raises(TypeError):
+        an.study_a_headlines(records, no_such_setting=1)
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_missing_columns_are_named() -> None:
+    df = frame([rec()]).drop(columns=["finish_s", "output_tokens"])
+    with pytest.raises(ValueError, match=r"\['finish_s', 'output_tokens'\]"):
+        an.throughput_over_time(df)
+    with pytest.raises(ValueError, match="is_resume"):
+        an.resume_stats(frame([rec()]).drop(columns="is_resume"))
+    with pytest.raises(ValueError, match="time_s"):
+        an.fill_time_s(pd.DataFrame({"used": [1]}), "used", 10)
+
+
+@pytest.mark.parametrize("bin_s", [0, -60, math.nan])
+def test_bad_bin_width_is_named(bin_s) -> None:
+    with pytest.raises(ValueError, match="bin_s"):
+        an.throughput_over_time(frame([rec()]), bin_s=bin_s)
+    with pytest.raises(ValueError, match="bin_s"):
+        an.ttft_over_time(frame([rec()]), bin_s=bin_s)
+
+
+def test_other_bad_parameters() -> None:
+    data = binned(CURVES)
+    with pytest.raises(ValueError, match="smooth_bins"):
+        an.peak(data, smooth_bins=0)
+    with pytest.raises(ValueError, match="how"):
+        an.plateau(data, smooth_bins=3, how="mode")
+    with pytest.raises(ValueError, match="nvme"):
+        an.crossover_time_s(data, "nvme", "dram")
+    with pytest.raises(ValueError, match="fraction"):
+        an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", 10, fraction=1.5)
