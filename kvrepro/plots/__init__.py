@@ -9,7 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import seaborn as sns
+
+
+def require_columns(df: pd.DataFrame, columns: list[str], figure: str) -> None:
+    """Fail naming the figure and the missing columns, before plotting half a figure."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"figure {figure}: data lacks column(s) {missing}")
+
 
 TIER_COLORS = {"baseline": "#7f7f7f", "dram": "#1f77b4", "flash": "#d62728"}
 

@@ -7,17 +7,13 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import FuncFormatter
 
-
-def _require(df: pd.DataFrame, columns: list[str], figure: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"figure {figure}: data lacks column(s) {missing}")
+from kvrepro.plots import require_columns
 
 
 def a6_capacity_vs_ttl(df: pd.DataFrame, tiers_bytes: dict[str, float] | None = None,
                        marks_ttl_s: tuple[float, ...] = (300, 3600)) -> plt.Figure:
     """KV capacity (TB) a tier needs vs the TTL it must hold, one line per token rate."""
-    _require(df, ["ttl_s", "kv_bytes", "token_rate_tok_s"], "A6")
+    require_columns(df, ["ttl_s", "kv_bytes", "token_rate_tok_s"], "A6")
     data = df.assign(ttl_min=df.ttl_s / 60, kv_tb=df.kv_bytes / 1e12,
                      rate=df.token_rate_tok_s.map(lambda r: f"{r:,.0f} tok/s"))
     fig, ax = plt.subplots()
@@ -39,7 +35,7 @@ def a6_capacity_vs_ttl(df: pd.DataFrame, tiers_bytes: dict[str, float] | None = 
 def a7_dwpd_vs_write_rate(df: pd.DataFrame, rating_dwpd: float | None = None,
                           measured_rate_bytes_s: float | None = None) -> plt.Figure:
     """Drive writes per day vs sustained KV write rate, per RAID level, against the rating."""
-    _require(df, ["write_rate_bytes_s", "dwpd", "raid_level"], "A7")
+    require_columns(df, ["write_rate_bytes_s", "dwpd", "raid_level"], "A7")
     data = df.assign(write_gb_s=df.write_rate_bytes_s / 1e9)
     fig, ax = plt.subplots()
     sns.lineplot(data=data, x="write_gb_s", y="dwpd", hue="raid_level", ax=ax, linewidth=3)
@@ -62,7 +58,7 @@ def a7_dwpd_vs_write_rate(df: pd.DataFrame, rating_dwpd: float | None = None,
 
 def a8_bandwidth_headroom(df: pd.DataFrame) -> plt.Figure:
     """KV read/write traffic next to what the array delivers, with the headroom factor."""
-    _require(df, ["what", "bw_bytes_s", "headroom", "kind"], "A8")
+    require_columns(df, ["what", "bw_bytes_s", "headroom", "kind"], "A8")
     data = df.assign(bw_gb_s=df.bw_bytes_s / 1e9)
     fig, ax = plt.subplots()
     sns.barplot(data=data, y="what", x="bw_gb_s", hue="kind", dodge=False, ax=ax)
@@ -86,7 +82,8 @@ def _seconds_label(seconds: float) -> str:
 
 def b3_memory_hierarchy(df: pd.DataFrame) -> plt.Figure:
     """Each memory level as a latency range (log) with its relative size and KV TTL."""
-    _require(df, ["level", "relative_size", "latency_low_s", "latency_high_s", "kv_ttl"], "B3")
+    require_columns(df, ["level", "relative_size", "latency_low_s", "latency_high_s", "kv_ttl"],
+                    "B3")
     fig, ax = plt.subplots(figsize=(11, 5.5))
     palette = sns.color_palette("colorblind", len(df))
     for i, row in enumerate(df.itertuples()):
@@ -106,7 +103,7 @@ def b3_memory_hierarchy(df: pd.DataFrame) -> plt.Figure:
 
 def b4_prefill_ttft(df: pd.DataFrame) -> plt.Figure:
     """TTFT by GPU without a cache (compute bound) and with one (link/memory bound)."""
-    _require(df, ["gpu", "prompt_tokens", "cache", "ttft_s"], "B4")
+    require_columns(df, ["gpu", "prompt_tokens", "cache", "ttft_s"], "B4")
     data = df.assign(prompt=df.prompt_tokens.map(lambda n: f"{n / 1024:g}K tokens"))
     fig, axes = plt.subplots(1, 2, figsize=(14, 6), layout="constrained")
     for ax, cache in zip(axes, ["without cache", "with cache"], strict=True):
@@ -122,7 +119,7 @@ def b4_prefill_ttft(df: pd.DataFrame) -> plt.Figure:
 
 def b8_c_bound(df: pd.DataFrame, daily_writes_tb: float | None = None) -> plt.Figure:
     """Endurance-bound capacity vs daily write volume, one panel per NAND type."""
-    _require(df, ["preset", "nand", "daily_writes_tb", "c_bound_tb"], "B8")
+    require_columns(df, ["preset", "nand", "daily_writes_tb", "c_bound_tb"], "B8")
     nands = list(dict.fromkeys(df.nand))
     fig, axes = plt.subplots(1, len(nands), figsize=(5.5 * len(nands), 5.5),
                              layout="constrained")

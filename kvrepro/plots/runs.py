@@ -23,16 +23,11 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from kvrepro.plots import TIER_COLORS
+from kvrepro.plots import TIER_COLORS, require_columns
 
 _ROLE_ORDER = ("baseline", "dram", "flash")
 _NORMAL_ALPHA = 0.35
 
-
-def _require(df: pd.DataFrame, columns: list[str], figure: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"figure {figure}: data lacks column(s) {missing}")
 
 
 def _tier_order(tiers: Iterable[str]) -> list[str]:
@@ -68,7 +63,7 @@ def _mark_run_phases(ax: Axes, warmup_s: float | None, fill_time_s: float | None
 def _rate_over_time(df: pd.DataFrame, column: str, ylabel: str, title: str,
                     warmup_s: float | None, fill_time_s: float | None,
                     fill_label: str) -> plt.Figure:
-    _require(df, ["tier", "bin_start_s", "bin_end_s", column], title.split()[0])
+    require_columns(df, ["tier", "bin_start_s", "bin_end_s", column], title.split()[0])
     fig, ax = plt.subplots()
     for i, tier in enumerate(_tier_order(df["tier"])):
         part = df[df["tier"] == tier].sort_values("bin_start_s")
@@ -114,7 +109,7 @@ def a4_ttft_over_time(df: pd.DataFrame, p90_band: bool = True, warmup_s: float |
     0.5 s and 10 s must both stay readable.
     """
     needs = ["tier", "bin_start_s", "bin_end_s", "ttft_median_s"]
-    _require(df, needs + (["ttft_p90_s"] if p90_band else []), "A4")
+    require_columns(df, needs + (["ttft_p90_s"] if p90_band else []), "A4")
     fig, ax = plt.subplots()
     for i, tier in enumerate(_tier_order(df["tier"])):
         part = df[df["tier"] == tier].sort_values("bin_start_s")
@@ -165,7 +160,7 @@ def a5_returning_users(df: pd.DataFrame) -> plt.Figure:
     A resume after a long idle is where tiers differ most: its KV either survived in a
     lower tier (a load) or must be recomputed from scratch (the baseline).
     """
-    _require(df, ["tier", "normal_ttft_median_s", "resume_ttft_median_s",
+    require_columns(df, ["tier", "normal_ttft_median_s", "resume_ttft_median_s",
                   "resume_ttft_max_s"], "A5")
     tiers = _tier_order(df["tier"])
     data = df.set_index("tier").loc[tiers]

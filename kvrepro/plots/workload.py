@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from kvrepro.plots.analytic import _require
+from kvrepro.plots import require_columns
 
 
 def workload_arrivals(sessions: pd.DataFrame, rate_per_min: float | None = None,
                       warmup_s: float = 0.0) -> plt.Figure:
     """Cumulative session arrivals over time against the nominal Poisson rate."""
-    _require(sessions, ["arrival_s"], "workload-arrivals")
+    require_columns(sessions, ["arrival_s"], "workload-arrivals")
     minutes = np.sort(sessions.arrival_s.to_numpy()) / 60
     fig, ax = plt.subplots()
     ax.step(minutes, np.arange(1, len(minutes) + 1), where="post", linewidth=3,
@@ -33,7 +33,7 @@ def workload_arrivals(sessions: pd.DataFrame, rate_per_min: float | None = None,
 def workload_context_growth(turns: pd.DataFrame, session_ids: list[int],
                             cap_tokens: int | None = None) -> plt.Figure:
     """Prompt length per turn over the planned schedule, for a few sessions."""
-    _require(turns, ["session_id", "planned_send_s", "prompt_tokens", "is_resume"],
+    require_columns(turns, ["session_id", "planned_send_s", "prompt_tokens", "is_resume"],
              "workload-context-growth")
     part = turns[turns.session_id.isin(session_ids)]
     fig, ax = plt.subplots()
@@ -54,7 +54,7 @@ def workload_context_growth(turns: pd.DataFrame, session_ids: list[int],
 
 def workload_turn_sizes(turns: pd.DataFrame) -> plt.Figure:
     """Distributions of append and output sizes by kind (log-spaced bins)."""
-    _require(turns, ["append_tokens", "append_kind", "output_tokens", "output_kind"],
+    require_columns(turns, ["append_tokens", "append_kind", "output_tokens", "output_kind"],
              "workload-turn-sizes")
     fig, axes = plt.subplots(1, 2, figsize=(14, 5.5), layout="constrained")
     bins = np.logspace(0, np.log10(max(turns.append_tokens.max(), 10) * 1.1), 60)
@@ -69,7 +69,8 @@ def workload_turn_sizes(turns: pd.DataFrame) -> plt.Figure:
 
 def workload_resumes(turns: pd.DataFrame, duration_s: float, warmup_s: float = 0.0) -> plt.Figure:
     """When returning users go idle and resume, against the measurement window."""
-    _require(turns, ["session_id", "planned_send_s", "pause_s", "is_resume"], "workload-resumes")
+    require_columns(turns, ["session_id", "planned_send_s", "pause_s", "is_resume"],
+                    "workload-resumes")
     resumes = turns[turns.is_resume].sort_values("planned_send_s")
     fig, ax = plt.subplots()
     for i, row in enumerate(resumes.itertuples()):

@@ -14,7 +14,25 @@ from kvrepro.workload.base import Workload, load_workload, save_workload, summar
 from kvrepro.workload.studyb import MacrobenchSpec, MicrobenchSpec, macrobenchmark, microbenchmark
 from kvrepro.workload.traces import read_block_trace, trace_to_workload
 
-__all__ = ["AgenticSpec", "MacrobenchSpec", "MicrobenchSpec", "PauseSpec", "Workload",
-           "generate_agentic", "load_workload", "macrobenchmark", "microbenchmark",
-           "read_block_trace", "resumes_in_window", "save_workload", "summarize",
-           "trace_to_workload"]
+__all__ = ["WORKLOAD_KINDS", "AgenticSpec", "MacrobenchSpec", "MicrobenchSpec", "PauseSpec",
+           "Workload", "build_workload", "generate_agentic", "load_workload", "macrobenchmark",
+           "microbenchmark", "read_block_trace", "resumes_in_window", "save_workload",
+           "summarize", "trace_to_workload"]
+
+WORKLOAD_KINDS = ("agentic", "micro", "macro")
+
+
+def build_workload(kind: str, params: dict | None = None) -> Workload:
+    """Generate a workload by kind ("agentic", "micro", "macro") from spec parameters.
+
+    The parameters are validated by the kind's spec (a misspelled key is an error naming it).
+    """
+    params = params or {}
+    if kind == "agentic":
+        return generate_agentic(AgenticSpec(**params))
+    if kind == "micro":
+        return microbenchmark(MicrobenchSpec(**params))
+    if kind == "macro":
+        return macrobenchmark(MacrobenchSpec(**params))
+    raise ValueError(f"unknown workload kind {kind!r} (parameter 'workload'); "
+                     f"known: {list(WORKLOAD_KINDS)}")

