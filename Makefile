@@ -36,7 +36,7 @@ $(LIVE_STAMP): $(BIN)/python
 reproduce: install
 	$(BIN)/kvrepro reproduce $(ARGS)
 
-test: install-dev
+test: install-dev live-cpu
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest
 	$(BIN)/pytest --nbval-lax notebooks/

