@@ -2,6 +2,7 @@
 
   kvrepro reproduce [--only NAME] [-p key=value]      run every notebook, figures + numbers
   kvrepro run live --tiers FILE [--tier NAME] ...     deploy vLLM tiers and replay a workload
+  kvrepro run sim --profile FILE [--tier NAME] [-p key=value] ...   the same on the simulator
 """
 
 from __future__ import annotations
@@ -68,22 +69,68 @@ def _run_live(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _run_sim(args: argparse.Namespace) -> int:
+    import datetime as dt
+    from pathlib import Path
+
+    from kvrepro import analysis
+    from kvrepro.reproduce import parse_overrides
+    from kvrepro.sim import load_profile
+    from kvrepro.sim.campaign import override_profile, simulate_campaign
+    from kvrepro.workload import build_workload, load_workload
+
+    try:
+        profile = override_profile(load_profile(args.profile), parse_overrides(args.param))
+        unknown = sorted(set(args.tier or []) - set(profile.tiers))
+        if unknown:
+            raise ValueError(f"--tier {unknown} not in {args.profile}; known: "
+                             f"{sorted(profile.tiers)}")
+        workload = (load_workload(args.workload_dir) if args.workload_dir
+                    else build_workload(args.workload, parse_overrides(args.workload_param)))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvrepro run sim: {err}", file=sys.stderr)
+        return 2
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(args.out or f"runs/sim-{stamp}")
+    records, _ = simulate_campaign(workload, profile, args.tier, out, warmup_s=args.warmup_s,
+                                   duration_s=args.duration_s)
+    split = analysis.prompt_split(records).set_index("tier")
+    for tier, rows in records.groupby("tier", sort=False):
+        print(f"tier {tier}: {len(rows)} requests, cached share "
+              f"{split.at[tier, 'hit_share']:.3f}, median TTFT {rows.ttft_s.median():.3f} s "
+              f"-> {out / tier}/records.jsonl")
+    return 0
+
+
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", default="agentic", help="agentic, micro or macro")
+    parser.add_argument("--workload-dir", help="a saved workload folder instead of generating")
+    parser.add_argument("-w", "--workload-param", action="append", default=[],
+                        metavar="KEY=VALUE", help="workload spec parameter (repeatable)")
+    parser.add_argument("--duration-s", type=float, help="stop sending new turns after this")
+    parser.add_argument("--warmup-s", type=float, default=0.0)
+
+
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a workload on an engine")
     engines = run.add_subparsers(dest="engine", required=True)
     live = engines.add_parser("live", help="deploy vLLM tiers (one after another) and drive them")
     live.add_argument("--tiers", required=True, help="tier file, e.g. data/tiers/cpu_tiny.yaml")
     live.add_argument("--tier", action="append", help="tier name (repeatable; default: all)")
-    live.add_argument("--workload", default="agentic", help="agentic, micro or macro")
-    live.add_argument("--workload-dir", help="a saved workload folder instead of generating")
-    live.add_argument("-w", "--workload-param", action="append", default=[],
-                      metavar="KEY=VALUE", help="workload spec parameter (repeatable)")
-    live.add_argument("--duration-s", type=float, help="stop sending new turns after this")
-    live.add_argument("--warmup-s", type=float, default=0.0)
+    _add_workload_args(live)
     live.add_argument("--request-timeout-s", type=float, default=600.0)
     live.add_argument("--sample-interval-s", type=float, default=2.0)
     live.add_argument("--out", help="campaign folder (default runs/live-<UTC time>)")
     live.set_defaults(func=_run_live)
+    sim = engines.add_parser("sim", help="simulate tiers (digital twin) on a workload")
+    sim.add_argument("--profile", required=True, help="profile file, e.g. data/sim/study_a.yaml")
+    sim.add_argument("--tier", action="append", help="tier name (repeatable; default: all)")
+    sim.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="profile override: dotted path (server.mfu=0.3) or dram_gb / "
+                          "flash_gb / staging_gb (repeatable)")
+    _add_workload_args(sim)
+    sim.add_argument("--out", help="campaign folder (default runs/sim-<UTC time>)")
+    sim.set_defaults(func=_run_sim)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,73 @@
+"""Several tiers on one workload, and profile overrides for what-if questions.
+
+`simulate_campaign` is the simulated twin of `kvrepro.live.runner.run_campaign`: the same
+workload on each tier, one run folder per tier (optional), and the records and samples of all
+tiers concatenated for `kvrepro.analysis`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvrepro.sim.config import SimProfile, load_profile
+from kvrepro.sim.engine import simulate
+from kvrepro.workload.base import Workload
+
+CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "staging"}
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node: Any = tree
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    last = keys[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def override_profile(profile: SimProfile, overrides: dict[str, Any]) -> SimProfile:
+    """A copy of `profile` with overrides applied and validated again.
+
+    Keys are dotted paths (`server.mfu`, `tiers.dram.offload.0.read_bw_bytes_s`) or the
+    aliases `dram_gb`, `flash_gb`, `staging_gb`, which set the capacity (in GB) of every
+    offload store of that name. An unknown key is an error naming it.
+    """
+    tree = profile.model_dump()
+    for key, value in overrides.items():
+        if key in CAPACITY_ALIASES:
+            stores = [s for t in tree["tiers"].values() for s in t["offload"]
+                      if s["name"] == CAPACITY_ALIASES[key]]
+            if not stores:
+                raise ValueError(f"profile override {key!r}: no offload store named "
+                                 f"{CAPACITY_ALIASES[key]!r} in this profile")
+            for store in stores:
+                store["capacity_bytes"] = float(value) * 1e9
+            continue
+        try:
+            _set_path(tree, key, value)
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise ValueError(f"profile override {key!r}: no such field ({err})") from err
+    return SimProfile.model_validate(tree)
+
+
+def simulate_campaign(workload: Workload, profile: SimProfile | str | Path,
+                      tiers: list[str] | None = None, out_dir: str | Path | None = None,
+                      warmup_s: float = 0.0, duration_s: float | None = None,
+                      progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Simulate each tier on `workload`; return all records and samples (column `tier`)."""
+    profile = load_profile(profile) if isinstance(profile, (str, Path)) else profile
+    names = tiers or list(profile.tiers)
+    records, samples = [], []
+    for name in names:
+        run_dir = Path(out_dir) / name if out_dir else None
+        result = simulate(workload, profile, name, duration_s=duration_s, warmup_s=warmup_s,
+                          run_dir=run_dir, progress=progress)
+        records.append(result.records)
+        samples.append(result.samples.assign(tier=name))
+    return pd.concat(records, ignore_index=True), pd.concat(samples, ignore_index=True)
