@@ -71,3 +71,40 @@ def simulate_campaign(workload: Workload, profile: SimProfile | str | Path,
         records.append(result.records)
         samples.append(result.samples.assign(tier=name))
     return pd.concat(records, ignore_index=True), pd.concat(samples, ignore_index=True)
+
+
+def _summary(records: pd.DataFrame, samples: pd.DataFrame, store: str | None,
+             capacity_bytes: float | None, run_s: float) -> dict[str, float]:
+    from kvrepro import analysis
+
+    binned = analysis.smooth_rates(analysis.throughput_over_time(records, 300.0, run_s), 3)
+    late = binned[binned.bin_start_s >= 2 * run_s / 3].total_tok_s.mean()
+    fill_s = float("nan")
+    if store and capacity_bytes and f"{store}_bytes_used" in samples:
+        fill_s = analysis.fill_time_s(samples, f"{store}_bytes_used", capacity_bytes)
+    ok = records[records.error == ""]
+    return {"peak_tok_s": float(binned.total_tok_s.max()), "late_tok_s": float(late),
+            "fill_min": fill_s / 60, "ttft_median_s": float(ok.ttft_s.median()),
+            "cached_share": float(ok.cached_prompt_tokens.sum() / ok.prompt_tokens.sum())}
+
+
+def sweep(make_workload: Any, profile: SimProfile, tier: str,
+          grid: list[dict[str, Any]], store: str | None = None,
+          run_s: float = 5400.0) -> pd.DataFrame:
+    """Simulate `tier` once per grid point and summarise where it saturates.
+
+    Each grid point is a dict of profile overrides (see `override_profile`) plus optionally
+    `workload` (a dict of workload parameters passed to `make_workload`). The summary gives
+    peak and late (last third) total throughput, the time `store` fills, median TTFT and the
+    cached share.
+    """
+    rows = []
+    for point in grid:
+        overrides = {k: v for k, v in point.items() if k != "workload"}
+        prof = override_profile(profile, overrides)
+        workload = make_workload(**point.get("workload", {}))
+        result = simulate(workload, prof, tier, progress=False)
+        capacity = sum(s.capacity_bytes for s in prof.tiers[tier].offload if s.name == store)
+        rows.append({**{k: str(v) for k, v in point.items()}, "tier": tier,
+                     **_summary(result.records, result.samples, store, capacity, run_s)})
+    return pd.DataFrame(rows)
