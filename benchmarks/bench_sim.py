@@ -8,14 +8,9 @@ core, under 2 GiB). `--tracemalloc` repeats the one-tier run under tracemalloc f
 Python allocations (tracemalloc roughly doubles the run time, so it is not used for timing);
 `--profile` adds a cProfile of the one-tier run (top functions by own time).
 
-The profile below is only *roughly* study A's server (4x RTX PRO 6000 Blackwell, TP4,
-MiniMax-M2.7 FP8, vLLM + LMCache); it is for timing the simulator, not a calibration:
-* fp16_tflops 4 x 2,000: effective dense FP8 of four GPUs (rough; datasheet peaks vary by
-  format and sparsity);
-* mem_bw_tb_s 4 x 1.6: GDDR7 bandwidth per GPU, rounded down (rough);
-* gpu_kv_bytes 115 GB: 4 x 96 GB x 0.9 minus ~230 GB of FP8 weights;
-* DRAM tier 512 GB (study A); flash tier 40 TB behind a 64 GB staging buffer (study A's
-  RAID10 array holds ~51 TB); bandwidths are guesses of LMCache's effective rates.
+It simulates what `make reproduce` simulates: the calibrated study-A profile
+(`data/sim/study_a.yaml`) on study A's workload with the fitted 60 s mean pause
+(`kvrepro.sim.study_a.STUDY_A_PAUSE`).
 """
 
 from __future__ import annotations
@@ -27,32 +22,14 @@ import pstats
 import resource
 import time
 import tracemalloc
+from pathlib import Path
 
-from kvrepro.sim import SimProfile, simulate
-from kvrepro.workload import generate_agentic
+from kvrepro.sim import SimProfile, load_profile, simulate
+from kvrepro.sim.study_a import STUDY_A_PAUSE
+from kvrepro.workload import AgenticSpec, generate_agentic
 from kvrepro.workload.base import Workload
 
-GB = 1e9
-
-STUDY_A_ROUGH = {
-    "description": "rough study-A server for benchmarking the simulator (not calibrated)",
-    "sample_interval_s": 10,
-    "server": {"model": "MiniMax-M2.7-FP8", "fp16_tflops": 4 * 2000, "mem_bw_tb_s": 4 * 1.6,
-               "mfu": 0.4, "decode_efficiency": 0.7, "step_overhead_s": 0.005,
-               "gpu_kv_bytes": 115 * GB, "block_tokens": 16, "max_batched_tokens": 8192,
-               "max_num_seqs": 256, "max_model_len": 65_536},
-    "tiers": {
-        "baseline": {},
-        "dram": {"offload": [{"name": "dram", "capacity_bytes": 512 * GB,
-                              "read_bw_bytes_s": 40 * GB, "write_bw_bytes_s": 40 * GB}]},
-        "flash": {"offload": [
-            {"name": "staging", "capacity_bytes": 64 * GB, "read_bw_bytes_s": 40 * GB,
-             "write_bw_bytes_s": 40 * GB},
-            {"name": "flash", "capacity_bytes": 40_000 * GB, "read_bw_bytes_s": 12 * GB,
-             "write_bw_bytes_s": 6 * GB, "chunk_read_latency_s": 0.0002,
-             "chunk_write_latency_s": 0.0002}]},
-    },
-}
+PROFILE = Path(__file__).resolve().parents[1] / "data" / "sim" / "study_a.yaml"
 TIERS = ("baseline", "dram", "flash")
 
 
@@ -93,9 +70,9 @@ def main() -> None:
                         help="peak Python allocations of the one-tier run (slow)")
     parser.add_argument("--skip-campaign", action="store_true")
     args = parser.parse_args()
-    profile = SimProfile.model_validate(STUDY_A_ROUGH)
+    profile = load_profile(PROFILE)
     t0 = time.perf_counter()
-    workload = generate_agentic()
+    workload = generate_agentic(AgenticSpec(pause=STUDY_A_PAUSE))
     print(f"workload: {len(workload.sessions)} sessions, {len(workload.turns)} turns "
           f"({time.perf_counter() - t0:.2f} s to generate, not counted below)")
     print(f"one tier ({args.tier}):")
