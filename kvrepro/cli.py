@@ -8,7 +8,10 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import sys
+from pathlib import Path
+from typing import Any
 
 from kvrepro import reference
 
@@ -32,28 +35,40 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 1 if result.failures else 0
 
 
-def _run_live(args: argparse.Namespace) -> int:
-    import datetime as dt
-    from pathlib import Path
+def _check_tiers(names: list[str], known: Any, source: str) -> None:
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise ValueError(f"--tier {unknown} not in {source}; known: {sorted(known)}")
 
-    from kvrepro.live.runner import LiveOptions, run_campaign
-    from kvrepro.live.tiers import load_tiers
+
+def _workload(args: argparse.Namespace) -> Any:
+    """The workload of a `run` command: a saved folder, or generated from -w parameters."""
     from kvrepro.reproduce import parse_overrides
     from kvrepro.workload import build_workload, load_workload
+
+    if args.workload_dir:
+        return load_workload(args.workload_dir)
+    return build_workload(args.workload, parse_overrides(args.workload_param))
+
+
+def _out_dir(given: str | None, engine: str) -> Path:
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+    return Path(given or f"runs/{engine}-{stamp}")
+
+
+def _run_live(args: argparse.Namespace) -> int:
+    from kvrepro.live.runner import LiveOptions, run_campaign
+    from kvrepro.live.tiers import load_tiers
 
     try:
         tiers = load_tiers(args.tiers)
         names = args.tier or list(tiers)
-        unknown = sorted(set(names) - set(tiers))
-        if unknown:
-            raise ValueError(f"--tier {unknown} not in {args.tiers}; known: {sorted(tiers)}")
-        workload = (load_workload(args.workload_dir) if args.workload_dir
-                    else build_workload(args.workload, parse_overrides(args.workload_param)))
+        _check_tiers(names, tiers, args.tiers)
+        workload = _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run live: {err}", file=sys.stderr)
         return 2
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out or f"runs/live-{stamp}")
+    out = _out_dir(args.out, "live")
     options = LiveOptions(duration_s=args.duration_s, warmup_s=args.warmup_s,
                           request_timeout_s=args.request_timeout_s,
                           sample_interval_s=args.sample_interval_s)
@@ -70,28 +85,19 @@ def _run_live(args: argparse.Namespace) -> int:
 
 
 def _run_sim(args: argparse.Namespace) -> int:
-    import datetime as dt
-    from pathlib import Path
-
     from kvrepro import analysis
     from kvrepro.reproduce import parse_overrides
     from kvrepro.sim import load_profile
     from kvrepro.sim.campaign import override_profile, simulate_campaign
-    from kvrepro.workload import build_workload, load_workload
 
     try:
         profile = override_profile(load_profile(args.profile), parse_overrides(args.param))
-        unknown = sorted(set(args.tier or []) - set(profile.tiers))
-        if unknown:
-            raise ValueError(f"--tier {unknown} not in {args.profile}; known: "
-                             f"{sorted(profile.tiers)}")
-        workload = (load_workload(args.workload_dir) if args.workload_dir
-                    else build_workload(args.workload, parse_overrides(args.workload_param)))
+        _check_tiers(args.tier or [], profile.tiers, args.profile)
+        workload = _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run sim: {err}", file=sys.stderr)
         return 2
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(args.out or f"runs/sim-{stamp}")
+    out = _out_dir(args.out, "sim")
     records, _ = simulate_campaign(workload, profile, args.tier, out, warmup_s=args.warmup_s,
                                    duration_s=args.duration_s)
     split = analysis.prompt_split(records).set_index("tier")

@@ -25,3 +25,25 @@ def test_unknown_workload_kind(capsys) -> None:
 def test_missing_tier_file(capsys, tmp_path) -> None:
     assert cli.main(["run", "live", "--tiers", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml" in capsys.readouterr().err
+
+
+PROFILE = str(Path(__file__).resolve().parents[1] / "data" / "sim" / "study_a.yaml")
+
+
+def test_run_sim_writes_run_folders(tmp_path, capsys) -> None:
+    from kvrepro.records import read_run
+
+    code = cli.main(["run", "sim", "--profile", PROFILE, "--tier", "dram", "-p", "dram_gb=64",
+                     "-w", "duration_s=300", "--out", str(tmp_path)])
+    assert code == 0
+    assert "tier dram:" in capsys.readouterr().out
+    run = read_run(tmp_path / "dram")
+    assert run.meta["engine"] == "sim" and len(run.records) > 0
+    assert run.samples.dram_capacity_bytes.max() <= 64e9
+
+
+def test_run_sim_errors_name_the_input(capsys) -> None:
+    assert cli.main(["run", "sim", "--profile", PROFILE, "--tier", "nope"]) == 2
+    assert "--tier ['nope'] not in" in capsys.readouterr().err
+    assert cli.main(["run", "sim", "--profile", PROFILE, "-p", "nvme_gb=1"]) == 2
+    assert "nvme_gb" in capsys.readouterr().err
