@@ -24,6 +24,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     ValidationError,
     field_validator,
     model_validator,
@@ -54,6 +55,10 @@ class ServerProfile(BaseModel):
                                                             "(chunked prefill)")
     max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
     max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
+    front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
+                                       "work (HTTP, tokenizing, streaming) that a client sees "
+                                       "on top of the engine: added to first-token and finish "
+                                       "times, so a session's next turn waits for it too")
 
     @field_validator("model")
     @classmethod
@@ -108,6 +113,11 @@ class OffloadTier(BaseModel):
     chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
     chunk_read_latency_s: float = Field(0.0, ge=0, description="added per chunk read")
     chunk_write_latency_s: float = Field(0.0, ge=0, description="added per chunk written")
+    chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
+        default_factory=list, description="measured per-chunk read latencies (kvrepro.storage "
+                                          "flash profile); when given, each chunk read draws "
+                                          "one of them instead of chunk_read_latency_s")
+    latency_seed: int = Field(0, ge=0, description="seed of those draws, with the store name")
     eviction: Literal["lru", "ttl"] = Field("lru", description="lru, or ttl (expire after "
                                                                "ttl_s unused, LRU when full)")
     ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")

@@ -61,6 +61,7 @@ class Engine:
         self.store_names = [store.name for store in tier.offload]
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
+        self.front_end_s = server.front_end_latency_s  # what the client sees on top
         self.queue = EventQueue()
         self.plan: StepPlan | None = None
         self.now_s = 0.0
@@ -161,7 +162,7 @@ class Engine:
             rows = self.table.rows[req.session_pos]
             nxt = req.turn_pos + 1
             if nxt < len(rows):
-                send_s = self.table.send_s(rows[nxt], self.now_s, 0.0)
+                send_s = self.table.send_s(rows[nxt], self.now_s + self.front_end_s, 0.0)
                 self._issue(req.session_pos, nxt, send_s)
         self._start_step()
 
@@ -190,8 +191,9 @@ class Engine:
         cached = max(req.cached_prompt_tokens, 0)
         record = {
             "session_id": req.session_id, "turn": req.turn, "tier": self.tier_name,
-            "engine": ENGINE, "send_s": req.send_s, "first_token_s": req.first_token_s,
-            "finish_s": req.finish_s, "prompt_tokens": req.prompt_tokens,
+            "engine": ENGINE, "send_s": req.send_s,
+            "first_token_s": req.first_token_s + self.front_end_s,
+            "finish_s": req.finish_s + self.front_end_s, "prompt_tokens": req.prompt_tokens,
             "cached_prompt_tokens": float(cached) if not error else math.nan,
             "output_tokens": req.generated_tokens, "is_resume": req.is_resume,
             "is_warmup": req.send_s < self.warmup_s, "error": error,

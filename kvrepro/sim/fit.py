@@ -22,9 +22,9 @@ their times are the step-time model and nothing else:
 The front-end latency is the API server's per-request work that the live client sees and
 the simulated engine core does not model (HTTP, JSON of the token-id list, input
 processing, streaming the first token back): about 10 ms here, a per-request cost that no
-per-step constant can stand in for (a decode step costs ~1.5 ms). It is not a profile field;
-`write_profile_yaml` records it in a comment that `read_front_end_latency_s` reads back, and
-`kvrepro.sim.validate` adds it to simulated TTFTs.
+per-step constant can stand in for (a decode step costs ~1.5 ms). It is the profile field
+`ServerProfile.front_end_latency_s`, which the simulator adds to first-token and finish times
+(and so to the closed loop of each session).
 
 Assumption to keep in mind: prefill steps are compute bound (FLOPs / R > the step's memory
 time); `FitResult.compute_bound_share` reports how many fitted requests satisfy it.
@@ -32,8 +32,6 @@ time); `FitResult.compute_bound_share` reports how many fitted requests satisfy 
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,7 +51,6 @@ CPU_BLOCK_TOKENS = 128
 count in the live records is a multiple of 128, and the 12 MiB budget is 96 such blocks."""
 MIN_DECODE_STEPS = 4
 """Requests with fewer decode steps give too noisy a mean step time for the decode fit."""
-LATENCY_KEY = "front_end_latency_s"
 
 
 def tiny_model_spec(spec: TinyModelSpec | None = None) -> ModelSpec:
@@ -243,7 +240,8 @@ def fitted_profile(fit: FitResult, tier_config: dict[str, Any],
         block_tokens=CPU_BLOCK_TOKENS,
         max_batched_tokens=int(tier_config["max_num_batched_tokens"]),
         max_num_seqs=int(tier_config.get("max_num_seqs") or 256),
-        max_model_len=int(tier_config["max_model_len"]))
+        max_model_len=int(tier_config["max_model_len"]),
+        front_end_latency_s=max(fit.front_end_latency_s, 0.0))
     return SimProfile(description=description, server=server, tiers={tier_name: {}},
                       sample_interval_s=2.0)
 
@@ -278,19 +276,6 @@ def fit_live_campaign(campaign_dir: str | Path,
     return fit, fitted_profile(fit, config, description=description)
 
 
-def read_front_end_latency_s(path: str | Path) -> float:
-    """The fitted front-end latency recorded in a profile's comments (not a profile field)."""
-    text = Path(path).read_text()
-    found = re.search(rf"^#\s*{LATENCY_KEY}:\s*([-+0-9.eE]+)\s*$", text, flags=re.MULTILINE)
-    if found is None:
-        raise ValueError(f"{path}: no '# {LATENCY_KEY}: <seconds>' comment line; refit with "
-                         f"kvrepro.sim.fit.write_profile_yaml")
-    value = float(found.group(1))
-    if not math.isfinite(value):
-        raise ValueError(f"{path}: {LATENCY_KEY} is not finite")
-    return value
-
-
 def _tier_kv_text(tier_kv_bytes: Mapping[str, float]) -> str:
     return ", ".join(f"{name} {kv / 2**20:g} MiB" for name, kv in tier_kv_bytes.items())
 
@@ -306,8 +291,7 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
 
     `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier.
 
-    The file loads with `kvrepro.sim.load_profile`; the front-end latency is a comment line
-    (`read_front_end_latency_s`), since it is not part of the engine model.
+    The file loads with `kvrepro.sim.load_profile`.
     """
     s, m = profile.server, profile.server.model_spec()
     text = _YAML_TEMPLATE.format(
@@ -315,7 +299,7 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
         blocks=s.capacity_blocks(), w_mb=m.active_weight_bytes / 1e6,
         bw_gb_s=fit.mem_bw_tb_s * 1e3, gflops=fit.fp16_tflops * 1e3,
         pre_ms=fit.prefill_rms_s * 1e3, dec_ms=fit.decode_rms_s * 1e3,
-        interval_s=profile.sample_interval_s, latency_key=LATENCY_KEY,
+        interval_s=profile.sample_interval_s,
         tier_kv=_tier_kv_text(tier_kv_bytes or {"(this profile)": s.gpu_kv_bytes}),
         description=profile.description.replace('"', "'"))
     out = Path(path)
@@ -352,10 +336,10 @@ _YAML_TEMPLATE = """\
 #   fp16_tflops  {s.fp16_tflops:.4g} ({gflops:.3g} GFLOP/s effective, mfu = 1): slope of
 #                TTFT - chunks x step_overhead_s vs roofline prefill FLOPs, {f.n_prefill} requests,
 #                rms {pre_ms:.2f} ms; {f.compute_bound_share:.0%} of them compute bound as assumed.
-#   The intercept of the prefill line is the API server's per-request latency (HTTP, JSON,
-#   input processing, streaming), which the engine model does not have; it is not a profile
-#   field. kvrepro.sim.validate adds it to simulated TTFTs (read_front_end_latency_s):
-# {latency_key}: {f.front_end_latency_s:.6f}
+#   front_end_latency_s {s.front_end_latency_s:.4g}: intercept of the prefill line, the API
+#                server's per-request latency (HTTP, JSON, input processing, streaming) that
+#                the client sees on top of the engine; added to simulated first-token and
+#                finish times.
 description: "{description}"
 sample_interval_s: {interval_s:g}
 server:
@@ -382,6 +366,7 @@ server:
   max_batched_tokens: {s.max_batched_tokens}  # exact: tier config
   max_num_seqs: {s.max_num_seqs}  # vLLM's default
   max_model_len: {s.max_model_len}  # exact: tier config
+  front_end_latency_s: {s.front_end_latency_s:.6f}  # fitted
 tiers:
   baseline: {{}}  # prefix caching only, no offload
 """
@@ -389,7 +374,7 @@ tiers:
 
 __all__ = ["CPU_BLOCK_TOKENS", "FitResult", "chunked_flops", "decode_points", "fit_and_write",
            "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time", "fitted_profile",
-           "isolated", "lone_prefill_residuals", "prefill_points", "read_front_end_latency_s",
+           "isolated", "lone_prefill_residuals", "prefill_points",
            "tier_folders", "tiny_model_spec", "write_profile_yaml"]
 
 

@@ -13,9 +13,9 @@ both record sets are reduced to the same four numbers with `kvrepro.analysis`:
 
 The live client measures TTFT from its own send, so it includes the API server's
 per-request latency (HTTP, JSON, input processing, streaming), which the simulated engine
-core does not model; `front_end_latency_s` (fitted by `kvrepro.sim.fit`) is added to the
-simulated first-token and finish times. The closed loop of the simulated client is not
-shifted by it (~10 ms per turn against turn cycles of seconds).
+core does not model; the profile's `server.front_end_latency_s` (fitted by
+`kvrepro.sim.fit`) puts it on the simulated first-token and finish times, and so into the
+closed loop of each simulated session.
 
 `rel_error_pct` = 100 x (sim - live) / live.
 """
@@ -108,15 +108,7 @@ def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
                                       "tiers": {tier: {}}})
 
 
-def client_view(sim_records: pd.DataFrame, front_end_latency_s: float) -> pd.DataFrame:
-    """Simulated records as the live client would time them (front-end latency added)."""
-    out = sim_records.copy()
-    for column in ("first_token_s", "finish_s", "ttft_s"):
-        out[column] = out[column] + front_end_latency_s
-    return out
-
-
-def compare_run(run_dir: str | Path, profile: SimProfile, front_end_latency_s: float = 0.0,
+def compare_run(run_dir: str | Path, profile: SimProfile,
                 run_name: str | None = None) -> RunComparison:
     """Simulate one live run's workload on its tier and compare the four metrics."""
     run = read_run(run_dir)
@@ -127,15 +119,15 @@ def compare_run(run_dir: str | Path, profile: SimProfile, front_end_latency_s: f
                       duration_s=run_s, warmup_s=float(options.get("warmup_s", 0.0)),
                       progress=False)
     wall_s = time.perf_counter() - started
-    sim = client_view(result.records, front_end_latency_s)
+    sim = result.records
     name = run_name or Path(run_dir).resolve().parent.name
     table = compare_metrics(run_metrics(run.records, run_s), run_metrics(sim, run_s), name,
                             run.meta["tier"])
     return RunComparison(table, run.records, sim, result.stats, wall_s)
 
 
-def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
-                     front_end_latency_s: float = 0.0) -> tuple[pd.DataFrame, pd.DataFrame]:
+def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
+                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Compare every tier folder of every named run: (table, live + sim records).
 
     `runs` maps a run name (e.g. "fit", "held-out") to its tier folders. The records frame
@@ -144,7 +136,7 @@ def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
     tables, records = [], []
     for name, tier_dirs in runs.items():
         for tier_dir in tier_dirs:
-            cmp = compare_run(tier_dir, profile, front_end_latency_s, run_name=name)
+            cmp = compare_run(tier_dir, profile, run_name=name)
             tables.append(cmp.table)
             records += [cmp.live_records.assign(run=name), cmp.sim_records.assign(run=name)]
     return (pd.concat(tables, ignore_index=True),
@@ -156,6 +148,6 @@ def within(table: pd.DataFrame, tolerance_pct: float = 20.0) -> pd.Series:
     return table["rel_error_pct"].abs() <= tolerance_pct
 
 
-__all__ = ["METRICS", "TABLE_COLUMNS", "RunComparison", "client_view", "compare_metrics",
+__all__ = ["METRICS", "TABLE_COLUMNS", "RunComparison", "compare_metrics",
            "compare_run", "profile_for_run", "relative_error_pct", "run_metrics",
            "validation_table", "within", "workload_of"]

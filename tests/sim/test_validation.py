@@ -26,7 +26,8 @@ PROFILE = data_file("sim", "cpu_tiny.yaml")
 
 @pytest.fixture(scope="module")
 def shipped():
-    return load_profile(PROFILE), simfit.read_front_end_latency_s(PROFILE)
+    profile = load_profile(PROFILE)
+    return profile, profile.server.front_end_latency_s
 
 
 # ---------------------------------------------------------------- the shipped profile
@@ -67,12 +68,21 @@ def test_a_workload_that_differs_from_the_run_is_refused() -> None:
         validate.workload_of(run)
 
 
-def test_front_end_latency_comment_is_required(tmp_path: Path) -> None:
-    bare = tmp_path / "bare.yaml"
-    bare.write_text(PROFILE.read_text().replace("# front_end_latency_s:", "# latency:"))
-    load_profile(bare)  # still a valid profile
-    with pytest.raises(ValueError, match="front_end_latency_s"):
-        simfit.read_front_end_latency_s(bare)
+def test_front_end_latency_shifts_records_and_the_closed_loop() -> None:
+    run = read_run(RUN_DIRS["fit"][1])
+    base = simfit.fitted_profile(_known_fit(), run.meta["tier_config"])
+    slow = base.model_copy(update={"server": base.server.model_copy(
+        update={"front_end_latency_s": 0.05})})
+    workload = validate.workload_of(run)
+    fast_rec = simulate(workload, base, "baseline", progress=False).records
+    slow_rec = simulate(workload, slow, "baseline", progress=False).records
+    first = slow_rec.sort_values("send_s").iloc[0]
+    ref = fast_rec.sort_values("send_s").iloc[0]
+    assert first.ttft_s == pytest.approx(ref.ttft_s + 0.05)
+    # every session's later turns are sent later: the client waits for the latency too
+    pairs = fast_rec.merge(slow_rec, on=["session_id", "turn"], suffixes=("_fast", "_slow"))
+    later_s = (pairs.send_s_slow - pairs.send_s_fast)[pairs.turn > 0]
+    assert len(later_s) > 50 and later_s.median() >= 0.05
 
 
 # ---------------------------------------------------------------- the fit
@@ -90,10 +100,9 @@ def test_fit_recovers_the_parameters_of_a_simulated_run() -> None:
     """The simulator's own records follow the step-time model exactly, so the closed-form
     fit must give back the profile that produced them, and a latency added on top."""
     run = read_run(RUN_DIRS["fit"][1])
-    known = simfit.fitted_profile(_known_fit(), run.meta["tier_config"])
+    known = simfit.fitted_profile(_known_fit(front_end_latency_s=0.007), run.meta["tier_config"])
     result = simulate(validate.workload_of(run), known, "baseline", progress=False)
-    records = validate.client_view(result.records, 0.007)
-    fit = simfit.fit_step_time(records)
+    fit = simfit.fit_step_time(result.records)
     assert fit.fp16_tflops == pytest.approx(0.3, rel=1e-6)
     assert fit.mem_bw_tb_s == pytest.approx(0.02, rel=1e-6)
     assert fit.step_overhead_s == pytest.approx(0.002, rel=1e-6)
@@ -109,7 +118,7 @@ def test_write_profile_yaml_round_trips(tmp_path: Path) -> None:
     path = simfit.write_profile_yaml(fit, profile, tmp_path / "p.yaml", ["a run"],
                                      {"small": 2**24})
     assert load_profile(path) == profile
-    assert simfit.read_front_end_latency_s(path) == pytest.approx(0.0123)
+    assert load_profile(path).server.front_end_latency_s == pytest.approx(0.0123)
     assert "a run" in path.read_text() and "small 16 MiB" in path.read_text()
 
 
@@ -171,7 +180,7 @@ def test_profile_for_run_takes_the_tier_config(shipped) -> None:
 
 @pytest.fixture(scope="module")
 def validation(shipped):
-    return validate.validation_table(RUN_DIRS, *shipped)
+    return validate.validation_table(RUN_DIRS, shipped[0])
 
 
 def test_validation_table_has_four_metrics_per_run_and_tier(validation) -> None:
