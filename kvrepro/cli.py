@@ -71,7 +71,8 @@ def _run_live(args: argparse.Namespace) -> int:
     out = _out_dir(args.out, "live")
     options = LiveOptions(duration_s=args.duration_s, warmup_s=args.warmup_s,
                           request_timeout_s=args.request_timeout_s,
-                          sample_interval_s=args.sample_interval_s)
+                          sample_interval_s=args.sample_interval_s,
+                          max_in_flight=args.max_in_flight)
     results = run_campaign([tiers[n] for n in names], workload, out, options)
     failed = 0
     for name, result in results.items():
@@ -99,13 +100,20 @@ def _run_sim(args: argparse.Namespace) -> int:
         return 2
     out = _out_dir(args.out, "sim")
     records, _ = simulate_campaign(workload, profile, args.tier, out, warmup_s=args.warmup_s,
-                                   duration_s=args.duration_s)
+                                   duration_s=args.duration_s, max_in_flight=args.max_in_flight)
     split = analysis.prompt_split(records).set_index("tier")
     for tier, rows in records.groupby("tier", sort=False):
         print(f"tier {tier}: {len(rows)} requests, cached share "
               f"{split.at[tier, 'hit_share']:.3f}, median TTFT {rows.ttft_s.median():.3f} s "
               f"-> {out / tier}/records.jsonl")
     return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +123,9 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                         metavar="KEY=VALUE", help="workload spec parameter (repeatable)")
     parser.add_argument("--duration-s", type=float, help="stop sending new turns after this")
     parser.add_argument("--warmup-s", type=float, default=0.0)
+    parser.add_argument("--max-in-flight", type=_positive_int, default=None, metavar="N",
+                        help="load client's concurrency limit (default: none; each session "
+                             "has one request in flight at most)")
 
 
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:

@@ -412,6 +412,21 @@ def test_fake_clock_schedule_of_sessions_and_pauses(tmp_path: Path) -> None:
                                                                SCHEDULE_ARRIVALS))] == [1, 0]
 
 
+def test_fake_clock_concurrency_limit_holds_due_turns_in_the_client(tmp_path: Path) -> None:
+    # Session 1's first turn (sent at 3 s) takes 20 s; with one slot, session 0's first turn,
+    # due at 10 s, is sent when it finishes, at 23 s, and its TTFT counts from then.
+    stats, rec, _ = fake_run(tmp_path, {"max_in_flight": 1}, slow={0: 20.0})
+    assert rec.loc[(1, 0), "finish_s"] == pytest.approx(23.0)
+    assert rec.loc[(0, 0), "send_s"] == pytest.approx(23.0)
+    assert rec.loc[(0, 0), "ttft_s"] == pytest.approx(0.5)
+    assert rec.loc[(0, 1), "send_s"] == pytest.approx(30.0)  # 25 s finish + 5 s pause
+    spans = sorted(zip(rec.send_s, rec.finish_s, strict=True))
+    assert all(nxt[0] >= prev[1] - 1e-9 for prev, nxt in zip(spans, spans[1:], strict=False))
+    assert stats.stopped_by == "completed" and stats.requests_ok == 6
+    with pytest.raises(ValueError, match="max_in_flight"):
+        fake_run(tmp_path / "zero", {"max_in_flight": 0})
+
+
 def test_fake_clock_duration_stops_new_turns_and_drains(tmp_path: Path) -> None:
     # Session 0's last turn (sent at 26 s) takes 30 s: in flight at the 50 s cut, it finishes.
     stats, rec, _ = fake_run(tmp_path, {"duration_s": 50.0, "drain_timeout_s": 100.0},

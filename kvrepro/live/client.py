@@ -151,6 +151,9 @@ class ClientConfig:
     fields are merged over the default body fields (not over `prompt` and `max_tokens`).
     `max_connections` caps open connections; each session has at most one request in flight,
     so it only needs to exceed the number of concurrently active sessions.
+    `max_in_flight` is a load generator's concurrency limit (like `vllm bench serve
+    --max-concurrency`): a turn due while that many requests are in flight waits in the
+    client, and its `send_s` (so its TTFT) starts when it is sent. None: no limit.
     """
 
     base_url: str
@@ -161,6 +164,7 @@ class ClientConfig:
     warmup_s: float = 0.0
     drain_timeout_s: float = 120.0
     max_connections: int = 1024
+    max_in_flight: int | None = None
     extra_body: dict[str, Any] | None = None
     api_key: str | None = None
 
@@ -415,6 +419,10 @@ class _Run:
         self.in_flight: set[asyncio.Task[Any]] = set()
         self.all_done = asyncio.Event()
         self.launcher: asyncio.Task[None] | None = None
+        limit = config.max_in_flight
+        if limit is not None and limit < 1:
+            raise ValueError(f"max_in_flight must be >= 1 or None, got {limit}")
+        self.slots = asyncio.Semaphore(limit) if limit is not None else None
 
     def now_s(self) -> float:
         return self.clock.now_s()
@@ -506,7 +514,10 @@ class _Run:
                     if self.closed():
                         self.stats.sessions_cut += 1
                         return
-                record, output = await self._request(plan.session_id, row, prompt, due_s)
+                record, output = await self._send_turn(plan.session_id, row, prompt, due_s)
+                if record is None:  # the run closed while the turn waited for a slot
+                    self.stats.sessions_cut += 1
+                    return
                 if record["error"]:
                     self._end_by_error(plan.session_id, record)
                     return
@@ -547,6 +558,16 @@ class _Run:
         self.stats.error_ended_sessions.append(session_id)
         log.warning("session %d ends: turn %d failed: %s", session_id, record["turn"],
                     record["error"])
+
+    async def _send_turn(self, session_id: int, row: Any, prompt: list[int], due_s: float
+                         ) -> tuple[dict[str, Any] | None, np.ndarray | None]:
+        """`_request`, after waiting for a slot when `max_in_flight` is set (None: closed)."""
+        if self.slots is None:
+            return await self._request(session_id, row, prompt, due_s)
+        async with self.slots:
+            if self.closed():
+                return None, None
+            return await self._request(session_id, row, prompt, due_s)
 
     async def _request(self, session_id: int, row: Any, prompt: list[int],
                        due_s: float) -> tuple[dict[str, Any], np.ndarray | None]:

@@ -31,6 +31,7 @@ class LiveOptions:
     request_timeout_s: float = 600.0
     drain_timeout_s: float = 60.0
     sample_interval_s: float = 2.0
+    max_in_flight: int | None = None
     python: str | None = None
     extra_body: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +84,8 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
                 base_url=server.base_url, model=tier.served_model_name or tier.model,
                 tier=tier.name, request_timeout_s=options.request_timeout_s,
                 duration_s=options.duration_s, warmup_s=options.warmup_s,
-                drain_timeout_s=options.drain_timeout_s, extra_body=options.extra_body or None)
+                drain_timeout_s=options.drain_timeout_s, extra_body=options.extra_body or None,
+                max_in_flight=options.max_in_flight)
             stats = asyncio.run(_drive(server, workload, writer, config,
                                        options.sample_interval_s))
         writer.meta["client"] = stats.as_dict()

@@ -59,15 +59,18 @@ def override_profile(profile: SimProfile, overrides: dict[str, Any]) -> SimProfi
 def simulate_campaign(workload: Workload, profile: SimProfile | str | Path,
                       tiers: list[str] | None = None, out_dir: str | Path | None = None,
                       warmup_s: float = 0.0, duration_s: float | None = None,
-                      progress: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Simulate each tier on `workload`; return all records and samples (column `tier`)."""
+                      progress: bool = True, max_in_flight: int | None = None
+                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Simulate each tier on `workload`; return all records and samples (column `tier`).
+
+    `max_in_flight` is the load client's concurrency limit (`kvrepro.sim.simulate`)."""
     profile = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     names = tiers or list(profile.tiers)
     records, samples = [], []
     for name in names:
         run_dir = Path(out_dir) / name if out_dir else None
         result = simulate(workload, profile, name, duration_s=duration_s, warmup_s=warmup_s,
-                          run_dir=run_dir, progress=progress)
+                          run_dir=run_dir, progress=progress, max_in_flight=max_in_flight)
         records.append(result.records)
         samples.append(result.samples.assign(tier=name))
     return pd.concat(records, ignore_index=True), pd.concat(samples, ignore_index=True)

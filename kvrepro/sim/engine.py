@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ class Engine:
 
     def __init__(self, workload: Workload, profile: SimProfile, tier: SimTier,
                  duration_s: float, warmup_s: float, hard_end_s: float,
-                 sink: OutputSink):
+                 sink: OutputSink, max_in_flight: int | None = None):
         server = profile.server
         self.table = TurnTable.from_workload(workload)
         self.identity = BlockIdentity(workload)
@@ -62,6 +63,9 @@ class Engine:
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
         self.front_end_s = server.front_end_latency_s  # what the client sees on top
+        # the load client's concurrency limit: turns due while it is reached wait, unsent
+        self.max_in_flight, self.in_flight = max_in_flight, 0
+        self.backlog: deque[TurnArrival] = deque()
         self.queue = EventQueue()
         self.plan: StepPlan | None = None
         self.now_s = 0.0
@@ -121,6 +125,10 @@ class Engine:
     # ------------------------------------------------------------------ handlers
 
     def _arrive(self, event: TurnArrival) -> None:
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.backlog.append(event)  # sent when a request in flight finishes
+            return
+        self.in_flight += 1
         table, row = self.table, self.table.rows[event.session_pos][event.turn_pos]
         self.counts["arrived"] += 1
         prompt, output = table.prompt_tokens[row], max(1, table.output_tokens[row])
@@ -133,9 +141,21 @@ class Engine:
                 f"{self.max_model_len}")))
             self.counts["turns_not_sent"] += len(table.rows[event.session_pos]) - \
                 event.turn_pos - 1  # like the live client, an error ends the session
+            self._release_slot()
             return
         self.scheduler.waiting.append(req)
         self._wake()
+
+    def _release_slot(self) -> None:
+        """A request left the server: send the longest-waiting turn, if the run is still on."""
+        self.in_flight -= 1
+        while self.backlog:
+            waiting = self.backlog.popleft()
+            if self.now_s < self.duration_s:
+                self.queue.push(TurnArrival(self.now_s, waiting.session_pos, waiting.turn_pos))
+                return
+            rows = self.table.rows[waiting.session_pos]
+            self.counts["turns_not_sent"] += len(rows) - waiting.turn_pos
 
     def _request(self, event: TurnArrival, row: int, prompt: int, output: int) -> Request:
         segments = self.identity.segments(row)
@@ -158,6 +178,7 @@ class Engine:
         self.plan = None
         for req in finished:
             self.counts["finished"] += 1
+            self._release_slot()
             self.sink.add_record(self._record(req))
             rows = self.table.rows[req.session_pos]
             nxt = req.turn_pos + 1
@@ -212,6 +233,7 @@ class Engine:
                       "loading_at_end": sched.loading}
         out: dict[str, Any] = {**self.counts, **unfinished,
                                "unfinished": sum(unfinished.values()), "end_s": self.now_s,
+                               "client_waiting_at_end": len(self.backlog),
                                "gpu_capacity_blocks": sched.gpu.capacity_blocks,
                                "gpu_evicted_blocks": sched.gpu.evicted_blocks}
         out.update({k: getattr(sched.counters, k) for k in sched.counters.__slots__})
@@ -232,12 +254,15 @@ def _default_duration_s(workload: Workload, duration_s: float | None) -> float:
 def simulate(workload: Workload, profile: SimProfile | str | Path, tier_name: str,
              duration_s: float | None = None, warmup_s: float = 0.0,
              run_dir: str | Path | None = None, *, hard_end_s: float | None = None,
-             progress: bool = True) -> SimResult:
+             max_in_flight: int | None = None, progress: bool = True) -> SimResult:
     """Simulate `workload` on tier `tier_name` of `profile` (a SimProfile or a YAML path).
 
     `duration_s`: no turn is sent at or after it (None: the workload spec's `duration_s`
     when it has one, else no limit). `hard_end_s`: the clock stops there and requests still
     in the server are counted, not recorded (None: run until every sent request finished).
+    `max_in_flight`: the load client's concurrency limit (None: none, each session has at
+    most one request in flight); a turn due while it is reached waits in the client and its
+    `send_s`, hence its TTFT, starts when it is actually sent.
     `warmup_s` flags records sent earlier (`is_warmup`). With `run_dir`, the run folder
     (records.jsonl, samples.jsonl, meta.json) is written as a live run's would be.
     """
@@ -249,10 +274,14 @@ def simulate(workload: Workload, profile: SimProfile | str | Path, tier_name: st
     meta = {"engine": ENGINE, "tier": tier_name, "tier_config": tier.model_dump(mode="json"),
             "profile": profile.model_dump(mode="json"), "workload": workload.spec,
             "workload_digest": workload.digest(),
-            "options": {"duration_s": duration, "warmup_s": warmup_s, "hard_end_s": hard_end}}
+            "options": {"duration_s": duration, "warmup_s": warmup_s, "hard_end_s": hard_end,
+                        "max_in_flight": max_in_flight}}
     started = time.perf_counter()
     with OutputSink(run_dir, meta) as sink:
-        engine = Engine(workload, profile, tier, duration, warmup_s, hard_end, sink)
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
+        engine = Engine(workload, profile, tier, duration, warmup_s, hard_end, sink,
+                        max_in_flight)
         engine.run(progress)
         stats = {**engine.stats(), "wall_s": time.perf_counter() - started}
         sink.finish(stats)

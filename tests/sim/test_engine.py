@@ -194,3 +194,25 @@ def test_profile_path_duration_and_progress_bar(workload) -> None:
     assert result.records.send_s.max() < 60.0
     assert result.stats["turns_not_sent"] > 0
     _accounted(result)
+
+
+def _most_in_flight(records: pd.DataFrame) -> int:
+    """Largest number of requests between send and finish at any moment."""
+    events = pd.concat([pd.Series(1, index=records.send_s), pd.Series(-1, index=records.finish_s)])
+    return int(events.groupby(level=0).sum().sort_index().cumsum().max())
+
+
+def test_client_concurrency_limit(profile, workload) -> None:
+    free = simulate(workload, profile, "dram", progress=False)
+    assert _most_in_flight(free.records) > 2
+    capped = simulate(workload, profile, "dram", max_in_flight=2, progress=False)
+    _accounted(capped)
+    assert _most_in_flight(capped.records) <= 2
+    s = capped.stats
+    assert s["arrived"] + s["turns_not_sent"] == len(workload.turns)
+    assert s["client_waiting_at_end"] == 0 and s["unfinished"] == 0
+    # a limit nobody reaches changes nothing
+    loose = simulate(workload, profile, "dram", max_in_flight=10_000, progress=False)
+    pd.testing.assert_frame_equal(free.records, loose.records)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        simulate(workload, profile, "dram", max_in_flight=0, progress=False)
