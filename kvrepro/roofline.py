@@ -106,3 +106,31 @@ def prefill_ttft_by_gpu(model: ModelSpec, gpus: list[str], prompt_tokens: list[i
             rows.append({"gpu": name, "prompt_tokens": tokens, "cache": "with cache",
                          "ttft_s": ttft_with_cache_s(model, gpu, tokens)})
     return pd.DataFrame(rows)
+
+
+ANATOMY_PARTS = ("feed-forward", "attention")
+
+
+def prefill_anatomy(model: ModelSpec, gpu: GpuSpec, seq_tokens: list[int],
+                    mfu: float = 0.5) -> pd.DataFrame:
+    """Prefill latency of a fresh prompt vs its length, split into feed-forward and attention.
+
+    Figure B1: why prompt caching pays more the longer the prompt. The split is
+    `prefill_time_s` (the function the simulator's step time calls) divided in proportion to
+    `prefill_flops`'s linear part (projections + MLP, linear in length; "feed-forward") and
+    attention part (QK^T + AV, quadratic; "attention" / KV compute), so the two parts of a
+    length add up to `prefill_time_s` for it. Tidy: `seq_tokens, part, latency_ms, share`.
+    """
+    if not seq_tokens:
+        raise ValueError("parameter 'seq_tokens' is empty")
+    rows = []
+    for tokens in seq_tokens:
+        total_ms = prefill_time_s(model, gpu, tokens, 0, mfu) * 1e3
+        flops = prefill_flops(model, tokens)
+        share = flops["attention"] / flops["total"] if flops["total"] else 0.0
+        feed_forward_ms = total_ms * (1 - share)
+        rows.append({"seq_tokens": tokens, "part": "feed-forward",
+                     "latency_ms": feed_forward_ms, "share": 1 - share})
+        rows.append({"seq_tokens": tokens, "part": "attention",
+                     "latency_ms": total_ms - feed_forward_ms, "share": share})
+    return pd.DataFrame(rows)
