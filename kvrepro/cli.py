@@ -3,6 +3,7 @@
   kvrepro reproduce [--only NAME] [-p key=value]      run every notebook, figures + numbers
   kvrepro run live --tiers FILE [--tier NAME] ...     deploy vLLM tiers and replay a workload
   kvrepro run sim --profile FILE [--tier NAME] [-p key=value] ...   the same on the simulator
+      [--flash-profile MEASURED.yaml [--flash-store NAME]]          with a measured flash tier
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ def _run_live(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _with_flash_profile(profile: Any, args: argparse.Namespace) -> Any:
+    """`--flash-profile FILE`: the measured flash tier (kvrepro.storage) in the named stores."""
+    if not args.flash_profile:
+        return profile
+    from kvrepro.storage.profile import apply_flash_profile, load_flash_profile
+
+    return apply_flash_profile(profile, load_flash_profile(args.flash_profile),
+                               store=args.flash_store or "flash")
+
+
 def _run_sim(args: argparse.Namespace) -> int:
     from kvrepro import analysis
     from kvrepro.reproduce import parse_overrides
@@ -92,7 +103,8 @@ def _run_sim(args: argparse.Namespace) -> int:
     from kvrepro.sim.campaign import override_profile, simulate_campaign
 
     try:
-        profile = override_profile(load_profile(args.profile), parse_overrides(args.param))
+        profile = _with_flash_profile(load_profile(args.profile), args)
+        profile = override_profile(profile, parse_overrides(args.param))
         _check_tiers(args.tier or [], profile.tiers, args.profile)
         workload = _workload(args)
     except (ValueError, FileNotFoundError) as err:
@@ -145,6 +157,13 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                      help="profile override: dotted path (server.mfu=0.3) or dram_gb / "
                           "flash_gb / staging_gb (repeatable)")
+    sim.add_argument("--flash-profile", metavar="FILE",
+                     help="measured flash tier (notebook 11 / kvrepro.storage.profile): its "
+                          "bandwidths and per-chunk latencies replace those of the stores "
+                          "named by --flash-store; -p overrides still apply after it")
+    sim.add_argument("--flash-store", action="append", metavar="NAME",
+                     help="offload store(s) that get --flash-profile (repeatable; "
+                          "default: every store named 'flash')")
     _add_workload_args(sim)
     sim.add_argument("--out", help="campaign folder (default runs/sim-<UTC time>)")
     sim.set_defaults(func=_run_sim)

@@ -10,7 +10,8 @@ unused for `ttl_s` expires; when full, the least recently used still goes first)
   pins them on lookup and updates LRU order after the retrieve, prefix first).
 * load: the chunks past the GPU's own hit are read; each store's read channel is a FIFO
   server, a read of n chunks takes n x chunk_bytes / read_bw + n x chunk_read_latency after
-  the channel frees up; stores serve their parts in parallel, the load ends with the last.
+  the channel frees up (with measured `chunk_read_latency_samples_s`, each chunk draws its
+  latency from them instead); stores serve their parts in parallel, the load ends with the last.
   Chunks read from a lower store are staged: copied into every faster store.
 * write: computed chunks a store lacks are queued on its write channel (FIFO; a chunk is
   present once its write finishes). If the queue already holds more than
@@ -22,6 +23,7 @@ unused for `ttl_s` expires; when full, the least recently used still goes first)
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -35,6 +37,10 @@ class Channel:
     bytes_per_s: float
     chunk_latency_s: float
     busy_until_s: float = 0.0
+    latency_samples_s: tuple[float, ...] = ()
+    """Measured per-chunk latencies: when given, each chunk draws one (from `rng`) instead of
+    `chunk_latency_s` (reads of a flash profile measured with `kvrepro.storage`)."""
+    rng: random.Random | None = None
 
     def chunk_s(self, chunk_bytes: int) -> float:
         """Seconds one chunk occupies the channel."""
@@ -43,12 +49,26 @@ class Channel:
     def submit(self, now_s: float, n_chunks: int, chunk_bytes: int) -> float:
         """Queue `n_chunks`; return when the last one is done."""
         start_s = max(now_s, self.busy_until_s)
+        if self.latency_samples_s:
+            drawn_s = sum(self.rng.choices(self.latency_samples_s, k=n_chunks))
+            self.busy_until_s = start_s + n_chunks * chunk_bytes / self.bytes_per_s + drawn_s
+            return self.busy_until_s
         self.busy_until_s = start_s + n_chunks * self.chunk_s(chunk_bytes)
         return self.busy_until_s
 
     def backlog_s(self, now_s: float) -> float:
         """Seconds of queued work ahead of a request submitted now."""
         return max(0.0, self.busy_until_s - now_s)
+
+
+def read_channel(config: OffloadTier) -> Channel:
+    """A store's read channel; with measured latency samples, its draws are seeded per store
+    (name + latency_seed), so a run is reproducible and stores draw independently."""
+    if not config.chunk_read_latency_samples_s:
+        return Channel(config.read_bw_bytes_s, config.chunk_read_latency_s)
+    return Channel(config.read_bw_bytes_s, config.chunk_read_latency_s,
+                   latency_samples_s=tuple(config.chunk_read_latency_samples_s),
+                   rng=random.Random(f"{config.name}:{config.latency_seed}"))
 
 
 class ChunkStore:
@@ -115,7 +135,7 @@ class OffloadHierarchy:
         self.chunk_tokens = tier.offload[0].chunk_tokens if tier.offload else 0
         self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
         self.write_through = tier.write_through
-        self.reads = [Channel(c.read_bw_bytes_s, c.chunk_read_latency_s) for c in tier.offload]
+        self.reads = [read_channel(c) for c in tier.offload]
         self.writes = [Channel(c.write_bw_bytes_s, c.chunk_write_latency_s)
                        for c in tier.offload]
         self.backlog_limit_s = [c.max_write_backlog_s for c in tier.offload]
