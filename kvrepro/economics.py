@@ -24,14 +24,18 @@ import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro import analysis, endurance, sizing
 from kvrepro._checks import positive
 from kvrepro._paths import data_file
+
+# A RAID level as `kvrepro.endurance` names it ("raid10", 10, "RAID 10" -> "RAID10").
+RaidLevel = Annotated[str, AfterValidator(endurance.normalize_raid_level)]
 
 HOURS_PER_YEAR = 8760.0
 DEFAULT_PRICE_SET = "early-2026"
@@ -203,12 +207,7 @@ class TierHardware(BaseModel):
                            "tier, or the flash tier's staging buffer), GB")
     drives: int = Field(0, ge=0, description="NVMe drives of the flash array")
     drive_tb: float = Field(12.8, gt=0, description="capacity per drive, TB")
-    raid_level: str = Field("RAID10", description="layout of the flash array")
-
-    @field_validator("raid_level")
-    @classmethod
-    def _known_raid(cls, level: str) -> str:
-        return endurance.normalize_raid_level(level)
+    raid_level: RaidLevel = Field("RAID10", description="layout of the flash array")
 
     @model_validator(mode="after")
     def _drive_count_fits_layout(self) -> TierHardware:
@@ -356,12 +355,7 @@ class Retention(BaseModel):
     gpu_kv_bytes: float = Field(gt=0, description="KV the GPUs hold: all the baseline keeps")
     staging_gb: float = Field(64.0, ge=0, description="DRAM staging in front of the flash, GB")
     drive_tb: float = Field(12.8, gt=0, description="capacity per flash drive, TB")
-    raid_level: str = Field("RAID10", description="layout of the flash array")
-
-    @field_validator("raid_level")
-    @classmethod
-    def _known_raid(cls, level: str) -> str:
-        return endurance.normalize_raid_level(level)
+    raid_level: RaidLevel = Field("RAID10", description="layout of the flash array")
 
 
 def sized_tier(kind: str, kv_bytes: float, retention: Retention,
