@@ -25,3 +25,15 @@ def test_storage_notebook_small(tmp_path) -> None:
     assert measured.chunk_bytes == 256 * 163_840 and measured.provenance.chunk_reads == 5
     assert (raw / "sweep.jsonl").read_text().count("\n") == 2 * 2 * 2 + 1
     assert (raw / "created_files.json").read_text() == '{"created": []}'  # all removed
+
+
+def test_storage_notebook_for_another_model_skips_study_b(tmp_path) -> None:
+    """Study A's chunk (MiniMax, BF16 KV) is measured; B6 needs study B's chunk, so it is
+    skipped with a message instead of failing, and the profile fits study A's flash store."""
+    params = {**SMALL, "model": "MiniMax-M2.7-FP8-KV-BF16", "n_chunks": 3}
+    result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["11_storage"], params)
+    assert not result.failures, result.failures
+    assert "B6-measured-flash.png" not in {p.name for p in (tmp_path / "fig").iterdir()}
+    assert set(result.headlines.id) == {"B9.ssd_chunk_ms_low", "B9.ssd_chunk_ms_high"}
+    measured = load_flash_profile(result.run_dir / "11_storage_fio" / "measured_flash_profile.yaml")
+    assert measured.chunk_bytes == 256 * 253_952
