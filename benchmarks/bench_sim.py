@@ -9,7 +9,7 @@ Python allocations (tracemalloc roughly doubles the run time, so it is not used 
 `--profile` adds a cProfile of the one-tier run (top functions by own time).
 
 It simulates what `make reproduce` simulates: the calibrated study-A profile
-(`data/sim/study_a.yaml`) on study A's workload with the fitted 70 s mean pause
+(`data/sim/study_a.yaml`) on study A's workload with the fitted 60 s mean pause
 (`kvrepro.sim.study_a.STUDY_A_PAUSE`).
 """
 

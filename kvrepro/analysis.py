@@ -229,7 +229,8 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SPLIT_COLUMNS))
 
 
-def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True) -> pd.DataFrame:
+def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True,
+                 common_sessions: bool = False) -> pd.DataFrame:
     """Per tier: normal-turn vs resume TTFT, the numbers of figure A5.
 
     A resume is the first turn of a session after its long idle; whether its KV survived the
@@ -237,10 +238,18 @@ def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True) -> pd.DataF
     n_resumes, n_resumes_failed, resume_ttft_median_s, resume_ttft_max_s`; medians and the
     max cover successful requests, `n_resumes` counts failed resumes too (a failed resume
     has no TTFT, so it cannot be the slowest one, but it must not vanish unseen).
+
+    With `common_sessions`, only the resumes of sessions that resumed in every tier's run
+    count, as in study A ("the same 11 sessions resumed in every tier's run"): a fast tier
+    gets further through the same workload, and its extra, later resumes would otherwise be
+    compared with nothing in the slow tiers.
     """
-    _require_columns(records, _TTFT_NEEDS + ["is_resume"] + (["is_warmup"] if exclude_warmup
-                                                             else []), "resume_stats")
+    _require_columns(records, _TTFT_NEEDS + ["is_resume", "session_id"]
+                     + (["is_warmup"] if exclude_warmup else []), "resume_stats")
     data = records[~records["is_warmup"].astype(bool)] if exclude_warmup else records
+    if common_sessions:
+        data = data[~data["is_resume"].astype(bool)
+                    | data["session_id"].isin(common_resume_sessions(data))]
     rows = []
     for tier in _tiers(records):
         part = data[data["tier"] == tier]
@@ -253,6 +262,15 @@ def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True) -> pd.DataF
                      "resume_ttft_median_s": resumed.median(),
                      "resume_ttft_max_s": resumed.max()})
     return pd.DataFrame(rows, columns=list(RESUME_COLUMNS))
+
+
+def common_resume_sessions(records: pd.DataFrame) -> set[int]:
+    """Sessions whose resume was sent in every tier's run (failed or not)."""
+    resumed = records[records["is_resume"].astype(bool)]
+    per_tier = [set(part["session_id"]) for _, part in resumed.groupby("tier")]
+    if not per_tier or resumed["tier"].nunique() < records["tier"].nunique():
+        return set()
+    return set.intersection(*per_tier)
 
 
 # ---------------------------------------------------------------- headline extraction
@@ -443,6 +461,9 @@ class StudyASettings:
     dram_bytes_column: str = "dram_bytes_used"
     dram_capacity_bytes: float | None = None
     fill_fraction: float = 0.98
+    common_resumes: bool = True
+    """A5 from the sessions that resumed in every tier's run only (study A's "same 11
+    sessions"); False takes every tier's own resumes."""
 
     def smoothing(self) -> dict[str, Any]:
         """Keyword arguments of the headline functions' smoothing."""
@@ -522,9 +543,10 @@ def _a4_headlines(records: pd.DataFrame, s: StudyASettings, roles: dict[str, str
     return out
 
 
-def _a5_headlines(records: pd.DataFrame, roles: dict[str, str]) -> dict[str, float]:
+def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
+                  ) -> dict[str, float]:
     data = records[records["tier"].isin(roles.values())]
-    stats = resume_stats(data, exclude_warmup=True).set_index("tier")
+    stats = resume_stats(data, exclude_warmup=True, common_sessions=common).set_index("tier")
     out: dict[str, float] = {}
     for role, tier in roles.items():
         out[f"A5.resume_median_{role}"] = stats.at[tier, "resume_ttft_median_s"]
@@ -562,8 +584,9 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     A4.ttft_cached is the median TTFT of all tiers' normal, non-warm-up turns sent in the
     first `early_window_s`; A4.baseline_ttft_high the highest binned median in the first half
     of the run; A4.dram_ttft_before_fill the highest DRAM binned median before the fill;
-    A5.normal_ttft the median of all tiers' normal turns; A5.resumes the most resumes any
-    tier saw (every tier replays the same workload).
+    A5.normal_ttft the median of all tiers' normal turns; A5.resume_* and A5.resumes cover
+    the sessions that resumed in every tier's run (`common_resumes`; A5.resumes is then their
+    number, otherwise the most resumes any tier saw).
     """
     s = replace(settings or StudyASettings(), **changes)
     _require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
@@ -575,7 +598,8 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     binned = throughput_over_time(data, s.bin_s, s.run_s)
     dram_fill_s = _dram_fill_s(samples, s)
     out = {**_a2_headlines(binned, s, roles), **_a3_headlines(binned, s, roles),
-           **_a4_headlines(data, s, roles, dram_fill_s), **_a5_headlines(data, roles)}
+           **_a4_headlines(data, s, roles, dram_fill_s),
+           **_a5_headlines(data, roles, s.common_resumes)}
     if math.isfinite(dram_fill_s):
         out["A2.dram_fill_time"] = dram_fill_s / 60
     return {k: float(v) for k, v in out.items() if pd.notna(v) and math.isfinite(float(v))}

@@ -294,6 +294,31 @@ def test_study_a_headlines_by_hand(three_tiers) -> None:
     assert set(got) <= set(load_reference().index)
 
 
+def test_a5_counts_only_sessions_that_resumed_in_every_tier(three_tiers) -> None:
+    records, samples = three_tiers
+    # flash got further through the workload: one more, slow resume nobody else reached
+    extra = frame([rec(tier="flash", send_s=340, first_token_s=390, finish_s=390,
+                       is_resume=True, session_id=9)])
+    both = pd.concat([records, extra], ignore_index=True)
+    assert an.common_resume_sessions(both) == {3, 4}
+    got = an.study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500)
+    assert got["A5.resume_max_flash"] == pytest.approx(3.2)
+    assert got["A5.resumes"] == 2
+    own = an.study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500,
+                               common_resumes=False)
+    assert own["A5.resume_max_flash"] == pytest.approx(50.0)
+    assert own["A5.resumes"] == 3
+    stats = an.resume_stats(both, common_sessions=True).set_index("tier")
+    assert stats.loc["flash", "n_resumes"] == 2
+    assert stats.loc["flash", "n_normal"] == 3  # normal turns are all kept
+
+
+def test_common_resume_sessions_empty_when_a_tier_has_none(three_tiers) -> None:
+    records, _ = three_tiers
+    no_dram_resumes = records[~((records.tier == "dram") & records.is_resume)]
+    assert an.common_resume_sessions(no_dram_resumes) == set()
+
+
 def test_study_a_headlines_omits_missing_tiers_and_fill(three_tiers) -> None:
     records, samples = three_tiers
     got = an.study_a_headlines(records[records.tier != "baseline"], samples, run_s=360)

@@ -118,8 +118,10 @@ class OffloadTier(BaseModel):
                                           "flash profile); when given, each chunk read draws "
                                           "one of them instead of chunk_read_latency_s")
     latency_seed: int = Field(0, ge=0, description="seed of those draws, with the store name")
-    eviction: Literal["lru", "ttl"] = Field("lru", description="lru, or ttl (expire after "
-                                                               "ttl_s unused, LRU when full)")
+    eviction: Literal["lru", "ttl", "none"] = Field(
+        "lru", description="lru; ttl (expire after ttl_s unused, LRU when full); or none "
+                           "(when full, keep what it holds and store no new chunk: a what-if, "
+                           "not LMCache's default)")
     ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
     max_write_backlog_s: float = Field(5.0, gt=0, description="a write that would wait longer "
                                                               "than this in the write queue "

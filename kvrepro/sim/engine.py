@@ -241,6 +241,7 @@ class Engine:
             for store in sched.offload.stores:
                 out[f"{store.name}_first_eviction_s"] = store.first_eviction_s
                 out[f"{store.name}_evicted_chunks"] = store.evicted_chunks
+                out[f"{store.name}_rejected_chunks"] = store.rejected_chunks
         return out
 
 

@@ -2,7 +2,8 @@
 
 Each store holds chunks of `chunk_tokens` tokens (a chunk is stored only once all its tokens'
 KV exists: LMCache writes whole chunks), up to `capacity_bytes`, in LRU order (or TTL: a chunk
-unused for `ttl_s` expires; when full, the least recently used still goes first).
+unused for `ttl_s` expires; when full, the least recently used still goes first; or none: when
+full, the store keeps what it holds and new chunks are rejected and counted).
 
 * lookup: like LMCache's prefix match across backends, the first store's run of leading
   chunks, then the next store continues where it stopped, and so on. A chunk whose write has
@@ -82,6 +83,8 @@ class ChunkStore:
         self.entries: OrderedDict[int, float] = OrderedDict()
         self.evicted_chunks = 0
         self.expired_chunks = 0
+        self.rejected_chunks = 0
+        self.keeps_when_full = config.eviction == "none"
         self.first_eviction_s = float("nan")
 
     def expire(self, now_s: float) -> None:
@@ -112,6 +115,10 @@ class ChunkStore:
         for cid in ids:
             entries.move_to_end(cid)
             entries[cid] = now_s
+
+    def admits(self) -> bool:
+        """False when full and the store keeps what it holds (eviction "none")."""
+        return not (self.keeps_when_full and len(self.entries) >= self.capacity_chunks)
 
     def insert(self, cid: int, ready_s: float, now_s: float) -> int:
         """Make room now for a chunk complete at `ready_s`; return the id evicted, or -1."""
@@ -192,6 +199,9 @@ class OffloadHierarchy:
             return
         for cid in ids:
             if cid not in store.entries:
+                if not store.admits():
+                    store.rejected_chunks += 1
+                    continue
                 self.bytes_written[index] += self.chunk_bytes
                 self._demote(index, store.insert(cid, ready_s, ready_s), ready_s)
 
@@ -210,6 +220,9 @@ class OffloadHierarchy:
         for k, cid in enumerate(ids):
             if cid in entries:
                 continue
+            if not store.admits():
+                store.rejected_chunks += sum(1 for c in ids[k:] if c not in entries)
+                return
             start_s = max(now_s, channel.busy_until_s)
             if start_s - now_s > limit_s:
                 self.writes_dropped[index] += sum(1 for c in ids[k:] if c not in entries)

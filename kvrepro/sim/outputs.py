@@ -13,8 +13,9 @@ Samples carry `time_s`, `running`, `waiting` (queued or loaded, not yet running)
 counters), `external_prefix_cache_queries_tokens` / `external_prefix_cache_hits_tokens`
 (offload), `preemptions`, `prompt_tokens`, `generation_tokens`, and per offload store
 `<store>_bytes_used`, `<store>_bytes_written`, `<store>_bytes_read`, `<store>_writes_dropped`
-(chunks), `<store>_evicted_chunks`, `<store>_capacity_bytes` (what the store can hold in
-whole chunks: the configured capacity rounded down to a multiple of the chunk size).
+(chunks), `<store>_evicted_chunks`, `<store>_rejected_chunks` (eviction "none", when full),
+`<store>_capacity_bytes` (what the store can hold in whole chunks: the configured capacity
+rounded down to a multiple of the chunk size).
 
 A store is *full* ("filled") once it holds `<store>_capacity_bytes`, i.e. has no room for
 another chunk and the next write evicts; `fill_time_s` returns the first sample time at which
@@ -62,6 +63,7 @@ def sample_row(now_s: float, sched: Scheduler) -> dict[str, Any]:
             row[f"{store.name}_bytes_read"] = off.bytes_read[i]
             row[f"{store.name}_writes_dropped"] = off.writes_dropped[i]
             row[f"{store.name}_evicted_chunks"] = store.evicted_chunks
+            row[f"{store.name}_rejected_chunks"] = store.rejected_chunks
             row[f"{store.name}_capacity_bytes"] = store.capacity_chunks * off.chunk_bytes
     return row
 

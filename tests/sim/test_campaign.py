@@ -9,7 +9,7 @@ from kvrepro import analysis, reference
 from kvrepro.reproduce import reproduce
 from kvrepro.sim import load_profile
 from kvrepro.sim.campaign import override_profile, simulate_campaign
-from kvrepro.sim.study_a import check_targets
+from kvrepro.sim.study_a import check_targets, implied_baseline
 from kvrepro.workload import AgenticSpec, generate_agentic
 from tests.conftest import NOTEBOOKS
 
@@ -26,7 +26,7 @@ def test_override_aliases_and_paths() -> None:
     base = load_profile(STUDY_A)
     bigger = override_profile(base, {"dram_gb": 1024, "server.mfu": 0.3})
     assert bigger.tiers["dram"].offload[0].capacity_bytes == 1024e9
-    assert bigger.server.mfu == 0.3 and base.server.mfu == 0.25
+    assert bigger.server.mfu == 0.3 and base.server.mfu == 0.31
     with pytest.raises(ValueError, match="nvme_gb"):
         override_profile(base, {"nvme_gb": 1})
     with pytest.raises(ValueError, match="mfuu"):
@@ -53,8 +53,23 @@ def test_check_targets() -> None:
     assert met["A2.early_spread"] and pd.isna(met["A5.resumes"])
 
 
+def test_implied_baseline_works_the_ratios_out() -> None:
+    ref = reference.load_reference().copy()
+    table = implied_baseline(ref).set_index("quantity")
+    # 17,000 / 0.42 / 2.9: the study's DRAM numbers imply a baseline near 14,000 at the peak
+    assert table.at["baseline total at DRAM's peak", "study"] == pytest.approx(13957, abs=1)
+    assert table.at["baseline output late in the run", "study"] == pytest.approx(250 / 1.46)
+    ref.loc["A2.dram_peak_gain", "value"] = 1.0  # another reference gives another answer
+    assert implied_baseline(ref).set_index("quantity").at[
+        "baseline total at DRAM's peak", "study"] == pytest.approx(17000 / 0.42)
+    sim = {k: float(v) for k, v in ref["value"].items()}
+    sim["A3.flash_output"] = 200.0
+    both = implied_baseline(ref, sim).set_index("quantity")
+    assert both.at["baseline output late in the run", "simulated"] == pytest.approx(200 / 1.46)
+
+
 def test_study_a_notebook_numbers(tmp_path) -> None:
-    params = {"duration_s": 1800.0, "bin_s": 300.0}
+    params = {"duration_s": 1800.0, "bin_s": 300.0, "other_seeds": [1]}
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["study_a"], params)
     assert not result.failures, result.failures
     got = result.headlines.set_index("id").reproduced
@@ -68,5 +83,5 @@ def test_study_a_notebook_numbers(tmp_path) -> None:
     assert got["A2.baseline_plateau"] == pytest.approx(direct["A2.baseline_plateau"])
     assert got["A5.normal_ttft"] == pytest.approx(direct["A5.normal_ttft"])
     for name in ("A2-total-throughput", "A3-output-throughput", "A4-ttft-over-time",
-                 "A5-returning-users"):
+                 "A5-returning-users", "A2-dram-keeps-when-full"):
         assert (tmp_path / "fig" / f"{name}.png").exists()

@@ -40,6 +40,19 @@ def test_ttl_store_expires_unused_chunks() -> None:
     assert not store.entries and store.expired_chunks == 2
 
 
+def test_store_without_eviction_keeps_what_it_holds_and_counts_rejections() -> None:
+    off = OffloadHierarchy(SimTier(offload=[_store(chunks=3, eviction="none")]), KV_BYTES)
+    off.write([1, 2], 0.0)
+    off.write([3, 4, 5], 1.0)  # room for 3 only
+    store = off.stores[0]
+    assert list(store.entries) == [1, 2, 3]
+    assert store.rejected_chunks == 2 and store.evicted_chunks == 0
+    assert off.bytes_written[0] == 3 * CHUNK_BYTES  # rejected chunks cost no bandwidth
+    off.touch([1, 2, 3], off.lookup([1, 2, 3], 10.0), 10.0)
+    off.write([6], 11.0)
+    assert list(store.entries) == [1, 2, 3] and store.rejected_chunks == 3
+
+
 def test_run_length_ignores_chunks_still_being_written() -> None:
     store = ChunkStore(_store(chunks=10), KV_BYTES)
     store.insert(1, 0.0, 0.0)
