@@ -74,7 +74,9 @@ def _rate_over_time(df: pd.DataFrame, column: str, ylabel: str, title: str,
     ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.12)  # headroom for the phase labels
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set(xlabel="run time (min)", ylabel=ylabel, title=title)
-    ax.legend(title="tier", fontsize=13, title_fontsize=13, loc="best")
+    # outside the axes: inside, "best" only dodges the lines, not the phase labels
+    ax.legend(title="tier", fontsize=13, title_fontsize=13, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 
