@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 from aiohttp import web
 
-from kvrepro.live.client import ClientConfig, ClientStats, run_workload
+from kvrepro.engines.live.client import ClientConfig, ClientStats, run_workload
 from kvrepro.records import RunWriter, read_run
 from kvrepro.workload.base import TURN_COLUMNS, SeededTokens, Workload
 

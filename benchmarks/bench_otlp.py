@@ -4,7 +4,8 @@
 Usage: .venv/bin/python benchmarks/bench_otlp.py [--size-mb 100] [--repeats 3] [--gzip]
 
 The export is generated into a temporary folder (deleted afterwards): synthetic weeks of
-Claude Code traffic (`kvrepro.traces.synthetic_cc`, seeds 0, 1, ...) appended until the file
+Claude Code traffic (`kvrepro.workload.synthetic_claude_code`, seeds 0, 1, ...) appended
+until the file
 reaches the size, in the collector file exporter's format with the attributes Claude Code
 sends (~1.4 KB per api_request). Every record is an api_request, the worst case for the
 reader: a real export also holds tool_result and other events, which it only counts.
@@ -21,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvrepro.traces import synthetic_cc as synth
-from kvrepro.traces.claude_code import read_claude_code
+from kvrepro.analysis.token_mix import read_claude_code
+from kvrepro.workload import synthetic_claude_code as synth
 
 
 def generate(path: Path, size_bytes: int) -> int:

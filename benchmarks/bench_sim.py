@@ -10,7 +10,7 @@ Python allocations (tracemalloc roughly doubles the run time, so it is not used 
 
 It simulates what `make reproduce` simulates: the calibrated study-A profile
 (`data/sim/study_a.yaml`) on study A's workload with the fitted 60 s mean pause
-(`kvrepro.sim.study_a.STUDY_A_PAUSE`).
+(`kvrepro.engines.sim.study_a.STUDY_A_PAUSE`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from kvrepro.sim import SimProfile, load_profile, simulate
-from kvrepro.sim.study_a import STUDY_A_PAUSE
+from kvrepro.engines.sim import SimProfile, load_profile, simulate
+from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
 from kvrepro.workload import AgenticSpec, generate_agentic
 from kvrepro.workload.base import Workload
 

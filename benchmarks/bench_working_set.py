@@ -13,9 +13,9 @@ import statistics
 import time
 from pathlib import Path
 
-from kvrepro.models import kv_bytes_per_token
-from kvrepro.traces.blocks import working_set, working_set_summary
-from kvrepro.workload.traces import read_mooncake_trace
+from kvrepro.analysis.block_traces import working_set, working_set_summary
+from kvrepro.calc.models import kv_bytes_per_token
+from kvrepro.workload.trace_replay import read_mooncake_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"
                  / "conversation_trace.jsonl")

@@ -58,8 +58,8 @@ def _out_dir(given: str | None, engine: str) -> Path:
 
 
 def _run_live(args: argparse.Namespace) -> int:
-    from kvrepro.live.runner import LiveOptions, run_campaign
-    from kvrepro.live.tiers import load_tiers
+    from kvrepro.engines.live.runner import LiveOptions, run_campaign
+    from kvrepro.engines.live.tiers import load_tiers
 
     try:
         tiers = load_tiers(args.tiers)
@@ -98,9 +98,9 @@ def _with_flash_profile(profile: Any, args: argparse.Namespace) -> Any:
 
 def _run_sim(args: argparse.Namespace) -> int:
     from kvrepro import analysis
+    from kvrepro.engines.sim import load_profile
+    from kvrepro.engines.sim.campaign import override_profile, simulate_campaign
     from kvrepro.reproduce import parse_overrides
-    from kvrepro.sim import load_profile
-    from kvrepro.sim.campaign import override_profile, simulate_campaign
 
     try:
         profile = _with_flash_profile(load_profile(args.profile), args)

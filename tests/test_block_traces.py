@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvrepro import endurance
-from kvrepro.plots import blocks as bplots
-from kvrepro.traces import blocks
-from kvrepro.workload.traces import read_mooncake_trace, read_qwen_bailian_trace
+from kvrepro.analysis import block_traces as blocks
+from kvrepro.calc import endurance
+from kvrepro.plots import block_trace_figures as bplots
+from kvrepro.workload.trace_replay import read_mooncake_trace, read_qwen_bailian_trace
 
 MOONCAKE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"
 QWEN3_14B_KV = 163_840

@@ -12,9 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvrepro.plots.tokenmix import a1_token_mix, tokenmix_sweep
-from kvrepro.traces import synthetic_cc as synth
-from kvrepro.traces.claude_code import (
+from kvrepro.analysis.token_mix import (
     FRAME_DTYPES,
     NoUsableRecordsError,
     TelemetryFormatError,
@@ -23,6 +21,8 @@ from kvrepro.traces.claude_code import (
     read_claude_code,
     token_mix,
 )
+from kvrepro.plots.token_mix_figures import a1_token_mix, tokenmix_sweep
+from kvrepro.workload import synthetic_claude_code as synth
 
 ROOT = Path(__file__).resolve().parents[1]
 T0_NS = 1_772_409_600_000_000_000  # 2026-03-02 00:00:00 UTC

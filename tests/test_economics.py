@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvrepro import economics as ec
-from kvrepro import roofline
-from kvrepro.models import get_model
-from kvrepro.plots import economics as efigs
+from kvrepro.calc import economics as ec
+from kvrepro.calc import roofline
+from kvrepro.calc.models import get_model
+from kvrepro.engines.sim import steptime
+from kvrepro.engines.sim.config import ServerProfile
+from kvrepro.plots import economics_figures as efigs
 from kvrepro.reproduce import reproduce
-from kvrepro.sim import steptime
-from kvrepro.sim.config import ServerProfile
 from tests.conftest import NOTEBOOKS
 
 HEADER = "price_set,item,usd,unit,date,source\n"

@@ -1,6 +1,6 @@
 import pytest
 
-from kvrepro import endurance
+from kvrepro.calc import endurance
 
 
 def test_study_a_dwpd() -> None:

@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from kvrepro import cli, endurance
-from kvrepro.plots import storage as sfigs
-from kvrepro.sim import load_profile
-from kvrepro.sim.config import OffloadTier
-from kvrepro.sim.offload import Channel, read_channel
-from kvrepro.sim.studyb import run_b6, study_b_headlines, study_b_profile
+from kvrepro import cli
+from kvrepro.calc import endurance
+from kvrepro.engines.sim import load_profile
+from kvrepro.engines.sim.config import OffloadTier
+from kvrepro.engines.sim.offload import Channel, read_channel
+from kvrepro.engines.sim.study_b import run_b6, study_b_headlines, study_b_profile
+from kvrepro.plots import storage_figures as sfigs
 from kvrepro.storage import endurance_traffic as et
 from kvrepro.storage import fio
 from kvrepro.storage import profile as sp

@@ -24,7 +24,7 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
-from kvrepro.live.client import (
+from kvrepro.engines.live.client import (
     ClientConfig,
     ClientStats,
     FakeClock,

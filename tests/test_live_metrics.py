@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
-from kvrepro.live import metrics
-from kvrepro.live.metrics import (
+from kvrepro.engines.live import metrics
+from kvrepro.engines.live.metrics import (
     counter_rates,
     flat_key,
     is_cumulative,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvrepro.live.lmcache_keys import (
+from kvrepro.engines.live.lmcache_keys import (
     LMCACHE_COMMIT,
     LMCACHE_KEYS,
     LMCACHE_SOURCE_OBJECT,

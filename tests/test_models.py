@@ -3,7 +3,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kvrepro import models
+from kvrepro.calc import models
 
 
 @pytest.mark.parametrize("name, expected", [

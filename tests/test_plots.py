@@ -1,14 +1,14 @@
 import matplotlib.pyplot as plt
 import pytest
 
-from kvrepro import analytic
-from kvrepro.plots import analytic as figs
+from kvrepro.calc import sizing_report
 from kvrepro.plots import save_figure
+from kvrepro.plots import sizing_figures as figs
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return analytic.sizing_tables(analytic.SizingParams())
+    return sizing_report.sizing_tables(sizing_report.SizingParams())
 
 
 @pytest.mark.parametrize("figure_id, draw, unit", [
@@ -47,7 +47,7 @@ def test_save_figure_writes_png_and_svg(tables, tmp_path) -> None:
 
 
 def test_workload_figures() -> None:
-    from kvrepro.plots import workload as wfigs
+    from kvrepro.plots import workload_figures as wfigs
     from kvrepro.workload import AgenticSpec, generate_agentic
 
     w = generate_agentic(AgenticSpec(duration_s=1800, p_returning=0.3))

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from kvrepro import analysis as an
-from kvrepro.plots import TIER_COLORS, runs
+from kvrepro.plots import TIER_COLORS
+from kvrepro.plots import run_figures as runs
 from kvrepro.records import RECORD_COLUMNS
 
 

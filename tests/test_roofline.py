@@ -1,7 +1,7 @@
 import pytest
 
-from kvrepro import roofline
-from kvrepro.models import get_model
+from kvrepro.calc import roofline
+from kvrepro.calc.models import get_model
 
 
 def test_prefill_flops_hand_case() -> None:

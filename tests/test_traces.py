@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from kvrepro.workload.base import TOKEN_SOURCES, Workload, load_workload, save_workload
-from kvrepro.workload.traces import (
+from kvrepro.workload.trace_replay import (
     BlockHashTokens,
     read_block_trace,
     read_mooncake_trace,

@@ -2,14 +2,14 @@
 
 A flash KV tier is rewritten all day, so whether a drive lasts depends on the write rate it
 really sees. Three ways to get that rate, one way to turn it into drive writes per day and
-years to the rated endurance (`kvrepro.endurance`):
+years to the rated endurance (`kvrepro.calc.endurance`):
 
 * `write_rate_from_fio`: what a fio write point sustained (the drive's ceiling: the most
   this tier could ever write);
 * `write_rate_from_samples`: the simulator's per-store write accounting
-  (`<store>_bytes_written` in the server samples of `kvrepro.sim.simulate`);
+  (`<store>_bytes_written` in the server samples of `kvrepro.engines.sim.simulate`);
 * `write_rate_from_volume`: a trace's write volume over its duration
-  (`kvrepro.traces.blocks.write_volume`).
+  (`kvrepro.analysis.block_traces.write_volume`).
 
 `endurance_from_write_rate` then gives, for a drive (capacity, NAND preset or P/E cycles and
 WAF, warranty) and a RAID layout: DWPD seen per drive, rated DWPD, TBW and years to the
@@ -21,8 +21,8 @@ from __future__ import annotations
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvrepro import endurance
 from kvrepro._checks import positive
+from kvrepro.calc import endurance
 
 
 class DriveModel(BaseModel):
@@ -61,7 +61,7 @@ def endurance_from_write_rate(write_rate_bytes_s: float, drive: DriveModel,
     """DWPD per drive, rated DWPD, TBW and years to rated endurance at a host write rate.
 
     Rated DWPD = TBW / (capacity x rating days), TBW = P/E x capacity / WAF; years =
-    warranty x rated / used DWPD (`kvrepro.endurance`).
+    warranty x rated / used DWPD (`kvrepro.calc.endurance`).
     """
     pe_cycles, waf, rating_days = drive.rating()
     tbw = endurance.tbw_bytes(pe_cycles, drive.capacity_bytes, waf)

@@ -1,6 +1,6 @@
 """A measured flash tier: a fio sweep turned into the simulator's flash-store parameters.
 
-The simulator's offload store (`kvrepro.sim.config.OffloadTier`) reads a chunk in
+The simulator's offload store (`kvrepro.engines.sim.config.OffloadTier`) reads a chunk in
 `chunk_bytes / read_bw_bytes_s + chunk_read_latency_s`. From measurements:
 
 * `read_bw_bytes_s` / `write_bw_bytes_s`: fio's bandwidth at the chosen request size and I/O
@@ -34,9 +34,9 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
-from kvrepro.sim.config import SimProfile
-from kvrepro.sim.studyb import B6_GAP_S
-from kvrepro.workload.studyb import MicrobenchSpec
+from kvrepro.engines.sim.config import SimProfile
+from kvrepro.engines.sim.study_b import B6_GAP_S
+from kvrepro.workload.study_b_workloads import MicrobenchSpec
 
 FORMAT = "kvrepro-flash-profile/1"
 TIER_FIELDS = ("read_bw_bytes_s", "write_bw_bytes_s", "chunk_read_latency_s",

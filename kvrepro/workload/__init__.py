@@ -11,8 +11,13 @@ from kvrepro.workload.base import Workload, load_workload, save_workload, summar
 
 # Imported for their token-source registrations ("block_hash", "keyed"), which
 # `load_workload` needs to rebuild trace and microbenchmark workloads.
-from kvrepro.workload.studyb import MacrobenchSpec, MicrobenchSpec, macrobenchmark, microbenchmark
-from kvrepro.workload.traces import read_block_trace, trace_to_workload
+from kvrepro.workload.study_b_workloads import (
+    MacrobenchSpec,
+    MicrobenchSpec,
+    macrobenchmark,
+    microbenchmark,
+)
+from kvrepro.workload.trace_replay import read_block_trace, trace_to_workload
 
 __all__ = ["WORKLOAD_KINDS", "AgenticSpec", "MacrobenchSpec", "MicrobenchSpec", "PauseSpec",
            "Workload", "build_workload", "generate_agentic", "load_workload", "macrobenchmark",

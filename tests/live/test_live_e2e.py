@@ -50,14 +50,14 @@ def server_pids(port: int) -> list[int]:
 @pytest.fixture(scope="module")
 def tiers():
     require_vllm()
-    from kvrepro.live.tiers import load_tiers
+    from kvrepro.engines.live.tiers import load_tiers
 
     return load_tiers(TIER_FILE)
 
 
 @pytest.fixture(scope="module")
 def campaign(tiers, tmp_path_factory):
-    from kvrepro.live.runner import LiveOptions, run_campaign
+    from kvrepro.engines.live.runner import LiveOptions, run_campaign
 
     out = tmp_path_factory.mktemp("campaign")
     results = run_campaign([tiers["small-kv"], tiers["large-kv"]], scaled_workload(), out,
@@ -119,8 +119,8 @@ def test_metrics_samples_present(campaign) -> None:
 
 
 def test_server_killed_mid_run(tiers, tmp_path) -> None:
-    from kvrepro.live.runner import LiveOptions, run_tier
-    from kvrepro.live.server import ServerError
+    from kvrepro.engines.live.runner import LiveOptions, run_tier
+    from kvrepro.engines.live.server import ServerError
 
     tier = tiers["large-kv"].model_copy(update={"port": 8431})
     errors: list[BaseException] = []
@@ -151,7 +151,7 @@ def test_server_killed_mid_run(tiers, tmp_path) -> None:
 
 
 def test_port_in_use(tiers, tmp_path) -> None:
-    from kvrepro.live.server import ServerError, VllmServer
+    from kvrepro.engines.live.server import ServerError, VllmServer
 
     tier = tiers["small-kv"].model_copy(update={"port": 8432})
     with socket.socket() as sock:
@@ -163,7 +163,7 @@ def test_port_in_use(tiers, tmp_path) -> None:
 
 
 def test_server_exits_during_startup(tiers, tmp_path) -> None:
-    from kvrepro.live.server import ServerError, VllmServer
+    from kvrepro.engines.live.server import ServerError, VllmServer
 
     # A KV budget too small for one max-length sequence: vLLM refuses to start.
     tier = tiers["small-kv"].model_copy(update={"port": 8433, "kv_cache_memory_bytes": 1 << 20})
@@ -175,7 +175,7 @@ def test_server_exits_during_startup(tiers, tmp_path) -> None:
 
 
 def test_server_never_healthy(tiers, tmp_path) -> None:
-    from kvrepro.live.server import ServerError, VllmServer
+    from kvrepro.engines.live.server import ServerError, VllmServer
 
     fake = tmp_path / "sleeper"  # stands in for a server that hangs before listening
     fake.write_text("#!/bin/sh\necho starting; exec sleep 600\n")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from kvrepro.live.lmcache_keys import validate_lmcache_config
-from kvrepro.live.tiers import TierConfig, lmcache_config, load_tiers, server_args
+from kvrepro.engines.live.lmcache_keys import validate_lmcache_config
+from kvrepro.engines.live.tiers import TierConfig, lmcache_config, load_tiers, server_args
 from tests.live.conftest import require_vllm
 
 TIER_FILES = sorted((Path(__file__).resolve().parents[2] / "data" / "tiers").glob("*.yaml"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvrepro.sim import SimProfile, load_profile
+from kvrepro.engines.sim import SimProfile, load_profile
 from kvrepro.workload import AgenticSpec, generate_agentic
 from kvrepro.workload.base import Workload
 

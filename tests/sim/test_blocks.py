@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvrepro.sim.blocks import (
+from kvrepro.engines.sim.prefix_units import (
     OPEN,
     SEGMENT_SHIFT,
     BlockIdentity,
@@ -14,7 +14,7 @@ from kvrepro.sim.blocks import (
     unit_ranges,
 )
 from kvrepro.workload import AgenticSpec, MicrobenchSpec, generate_agentic, microbenchmark
-from kvrepro.workload.traces import trace_to_workload
+from kvrepro.workload.trace_replay import trace_to_workload
 from tests.sim.conftest import small_spec
 
 BT = 16

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvrepro.sim.blocks import OPEN
-from kvrepro.sim.cache import GpuPrefixCache
+from kvrepro.engines.sim.cache import GpuPrefixCache
+from kvrepro.engines.sim.prefix_units import OPEN
 
 
 def _fill(cache: GpuPrefixCache, segment: int, blocks: int) -> None:

@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from kvrepro import analysis, reference
+from kvrepro.engines.sim import load_profile
+from kvrepro.engines.sim.campaign import override_profile, simulate_campaign
+from kvrepro.engines.sim.study_a import check_targets, implied_baseline
 from kvrepro.reproduce import reproduce
-from kvrepro.sim import load_profile
-from kvrepro.sim.campaign import override_profile, simulate_campaign
-from kvrepro.sim.study_a import check_targets, implied_baseline
 from kvrepro.workload import AgenticSpec, generate_agentic
 from tests.conftest import NOTEBOOKS
 
@@ -73,7 +73,7 @@ def test_study_a_notebook_numbers(tmp_path) -> None:
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["study_a"], params)
     assert not result.failures, result.failures
     got = result.headlines.set_index("id").reproduced
-    from kvrepro.sim.study_a import STUDY_A_PAUSE
+    from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
 
     workload = generate_agentic(AgenticSpec(duration_s=1800.0, warmup_s=180.0,
                                             pause=STUDY_A_PAUSE))

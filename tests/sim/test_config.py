@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvrepro.models import get_model
-from kvrepro.sim import OffloadTier, ServerProfile, SimProfile, SimTier, load_profile
-from kvrepro.sim.config import capacity_chunks
+from kvrepro.calc.models import get_model
+from kvrepro.engines.sim import OffloadTier, ServerProfile, SimProfile, SimTier, load_profile
+from kvrepro.engines.sim.config import capacity_chunks
 from tests.sim.conftest import PROFILE_PATH
 
 

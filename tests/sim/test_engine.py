@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvrepro.analysis import resume_stats, retained_share, throughput_over_time
+from kvrepro.analysis.runs import resume_stats, retained_share, throughput_over_time
+from kvrepro.engines.sim import SimProfile, fill_time_s, simulate
 from kvrepro.records import RECORD_COLUMNS, read_run, read_runs
-from kvrepro.sim import SimProfile, fill_time_s, simulate
 from kvrepro.workload import generate_agentic
-from kvrepro.workload.traces import read_mooncake_trace, trace_to_workload
+from kvrepro.workload.trace_replay import read_mooncake_trace, trace_to_workload
 from tests.sim.conftest import PROFILE_PATH, small_spec
 
 MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake"

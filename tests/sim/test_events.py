@@ -6,9 +6,9 @@ import math
 
 import pandas as pd
 
-from kvrepro.sim.blocks import OPEN
-from kvrepro.sim.entities import Request, TurnTable
-from kvrepro.sim.events import EventKind, EventQueue, LoadDone, Sample, StepEnd, TurnArrival
+from kvrepro.engines.sim.entities import Request, TurnTable
+from kvrepro.engines.sim.events import EventKind, EventQueue, LoadDone, Sample, StepEnd, TurnArrival
+from kvrepro.engines.sim.prefix_units import OPEN
 from kvrepro.workload.base import TURN_COLUMNS, SeededTokens, Workload
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvrepro.sim.config import OffloadTier, SimTier
-from kvrepro.sim.offload import Channel, ChunkStore, OffloadHierarchy
+from kvrepro.engines.sim.config import OffloadTier, SimTier
+from kvrepro.engines.sim.offload import Channel, ChunkStore, OffloadHierarchy
 
 KV_BYTES = 1000  # per token
 CHUNK = 4  # tokens per chunk

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from kvrepro.roofline import decode_step_s, prefill_time_s
-from kvrepro.sim import SimProfile, simulate
-from kvrepro.sim.steptime import StepTimer
+from kvrepro.calc.roofline import decode_step_s, prefill_time_s
+from kvrepro.engines.sim import SimProfile, simulate
+from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.workload import MicrobenchSpec, microbenchmark
 
 

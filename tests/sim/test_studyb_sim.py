@@ -8,10 +8,11 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
-from kvrepro.plots import studyb as bfigs
+from kvrepro.engines.sim import load_profile
+from kvrepro.engines.sim import study_b as studyb
+from kvrepro.plots import study_b_figures as bfigs
 from kvrepro.reproduce import reproduce
-from kvrepro.sim import load_profile, studyb
-from kvrepro.workload.studyb import MicrobenchSpec
+from kvrepro.workload.study_b_workloads import MicrobenchSpec
 from tests.conftest import NOTEBOOKS
 
 SMALL_MICRO = {"prompt_lengths": [1024, 4096], "prompts_per_length": 2}

@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
-from kvrepro.plots.validation import sim_validation
+from kvrepro.calc.roofline import prefill_flops
+from kvrepro.engines.sim import fit as simfit
+from kvrepro.engines.sim import load_profile, simulate, validate
+from kvrepro.plots.validation_figures import sim_validation
 from kvrepro.records import RECORD_COLUMNS, read_run
-from kvrepro.roofline import prefill_flops
-from kvrepro.sim import fit as simfit
-from kvrepro.sim import load_profile, simulate, validate
 
 LIVE = data_file("live")
 RUN_DIRS = {"fit": [LIVE / "cpu_tiny" / t for t in ("small-kv", "large-kv")],

@@ -1,0 +1,136 @@
+"""Roofline cost of prefill and decode: the one timing model of kvrepro.
+
+Prefill is compute bound: FLOPs over the GPU's rate times a utilisation. Decode (one new
+token per request) is memory bound: the weights and the cached KV are read once per step.
+Figure B4 (prefill TTFT by GPU) and the simulator's step time both call these functions.
+
+FLOPs of `new_tokens` query tokens attending to `cached_tokens` earlier ones plus themselves
+(causal), per layer with attention width d = heads x head_dim:
+  linear (projections + MLP) = 2 x active parameters x new tokens (summed over layers);
+  attention = QK^T + AV = 4 x new x (cached + new / 2) x d.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvrepro._checks import non_negative, positive
+from kvrepro._paths import data_file
+from kvrepro.calc.models import ModelSpec
+
+
+class GpuSpec(BaseModel):
+    """Rates of one GPU that the roofline needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    fp16_tflops: float = Field(gt=0, description="peak FP16 rate, TFLOP/s")
+    host_link_gb_s: float = Field(gt=0, description="host <-> GPU link, GB/s")
+    mem_bw_tb_s: float = Field(gt=0, description="GPU memory bandwidth, TB/s")
+    mem_gb: float = Field(gt=0, description="GPU memory, GB")
+    source: str = ""
+
+
+@lru_cache(maxsize=1)
+def gpu_presets() -> dict[str, GpuSpec]:
+    """Load the shipped GPU presets (`data/hardware/gpus.csv`)."""
+    df = pd.read_csv(data_file("hardware", "gpus.csv"), comment="#")
+    return {row["name"]: GpuSpec(**row) for row in df.to_dict("records")}
+
+
+def get_gpu(name: str) -> GpuSpec:
+    """Return a GPU preset by name; the error lists the known names."""
+    presets = gpu_presets()
+    if name not in presets:
+        raise ValueError(f"unknown GPU {name!r} (parameter 'gpu'); known: {sorted(presets)}")
+    return presets[name]
+
+
+def prefill_flops(model: ModelSpec, new_tokens: int, cached_tokens: int = 0) -> dict[str, float]:
+    """FLOPs to prefill `new_tokens` after `cached_tokens`, split into linear and attention."""
+    non_negative(new_tokens=new_tokens, cached_tokens=cached_tokens)
+    width = model.num_attention_heads * model.head_dim
+    linear = 2.0 * model.params_active_b * 1e9 * new_tokens
+    attention = 4.0 * model.num_layers * width * new_tokens * (cached_tokens + new_tokens / 2)
+    return {"linear": linear, "attention": attention, "total": linear + attention}
+
+
+def prefill_time_s(model: ModelSpec, gpu: GpuSpec, new_tokens: int, cached_tokens: int = 0,
+                   mfu: float = 0.5) -> float:
+    """Seconds of GPU compute to prefill `new_tokens` (compute bound)."""
+    positive(mfu=mfu)
+    if mfu > 1:
+        raise ValueError(f"parameter 'mfu' must be <= 1, got {mfu}")
+    flops = prefill_flops(model, new_tokens, cached_tokens)["total"]
+    return flops / (gpu.fp16_tflops * 1e12 * mfu)
+
+
+def decode_step_s(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch: int = 1) -> float:
+    """Seconds for one decode step: read active weights once and every request's KV."""
+    non_negative(context_tokens=context_tokens)
+    positive(batch=batch)
+    kv_bytes = batch * context_tokens * model.kv_bytes_per_token
+    return (model.active_weight_bytes + kv_bytes) / (gpu.mem_bw_tb_s * 1e12)
+
+
+def kv_load_time_s(model: ModelSpec, gpu: GpuSpec, tokens: int) -> float:
+    """Seconds to move `tokens` of KV from host memory to the GPU over the host link."""
+    non_negative(tokens=tokens)
+    return tokens * model.kv_bytes_per_token / (gpu.host_link_gb_s * 1e9)
+
+
+def ttft_without_cache_s(model: ModelSpec, gpu: GpuSpec, prompt_tokens: int,
+                         mfu: float = 0.5) -> float:
+    """TTFT when the whole prompt is recomputed: prefill FLOPs / (FP16 rate x utilisation)."""
+    return prefill_time_s(model, gpu, prompt_tokens, 0, mfu)
+
+
+def ttft_with_cache_s(model: ModelSpec, gpu: GpuSpec, prompt_tokens: int) -> float:
+    """TTFT when the prompt's KV is in host memory: load it over the link, decode one step."""
+    return kv_load_time_s(model, gpu, prompt_tokens) + decode_step_s(model, gpu, prompt_tokens)
+
+
+def prefill_ttft_by_gpu(model: ModelSpec, gpus: list[str], prompt_tokens: list[int],
+                        mfu: float = 0.5) -> pd.DataFrame:
+    """Tidy TTFT with and without a prompt cache for each GPU and prompt length (figure B4)."""
+    rows = []
+    for name in gpus:
+        gpu = get_gpu(name)
+        for tokens in prompt_tokens:
+            rows.append({"gpu": name, "prompt_tokens": tokens, "cache": "without cache",
+                         "ttft_s": ttft_without_cache_s(model, gpu, tokens, mfu)})
+            rows.append({"gpu": name, "prompt_tokens": tokens, "cache": "with cache",
+                         "ttft_s": ttft_with_cache_s(model, gpu, tokens)})
+    return pd.DataFrame(rows)
+
+
+ANATOMY_PARTS = ("feed-forward", "attention")
+
+
+def prefill_anatomy(model: ModelSpec, gpu: GpuSpec, seq_tokens: list[int],
+                    mfu: float = 0.5) -> pd.DataFrame:
+    """Prefill latency of a fresh prompt vs its length, split into feed-forward and attention.
+
+    Figure B1: why prompt caching pays more the longer the prompt. The split is
+    `prefill_time_s` (the function the simulator's step time calls) divided in proportion to
+    `prefill_flops`'s linear part (projections + MLP, linear in length; "feed-forward") and
+    attention part (QK^T + AV, quadratic; "attention" / KV compute), so the two parts of a
+    length add up to `prefill_time_s` for it. Tidy: `seq_tokens, part, latency_ms, share`.
+    """
+    if not seq_tokens:
+        raise ValueError("parameter 'seq_tokens' is empty")
+    rows = []
+    for tokens in seq_tokens:
+        total_ms = prefill_time_s(model, gpu, tokens, 0, mfu) * 1e3
+        flops = prefill_flops(model, tokens)
+        share = flops["attention"] / flops["total"] if flops["total"] else 0.0
+        feed_forward_ms = total_ms * (1 - share)
+        rows.append({"seq_tokens": tokens, "part": "feed-forward",
+                     "latency_ms": feed_forward_ms, "share": 1 - share})
+        rows.append({"seq_tokens": tokens, "part": "attention",
+                     "latency_ms": total_ms - feed_forward_ms, "share": share})
+    return pd.DataFrame(rows)

@@ -1,0 +1,46 @@
+"""Digital twin of one vLLM serving instance with tiered KV offload (discrete events).
+
+Modules:
+
+* `config`: profiles (server, tiers, offload stores) as pydantic models, loaded from YAML;
+* `blocks`: which KV blocks and chunks prompts share, without token ids;
+* `cache`: the GPU prefix cache (block-granular LRU, pinning);
+* `offload`: chunk stores below the GPU with FIFO read/write channels;
+* `steptime`: step duration from `kvrepro.calc.roofline`;
+* `entities`, `events`, `scheduler`, `engine`: requests, events, vLLM-v1-style continuous
+  batching with chunked prefill, and the heapq event loop;
+* `outputs`: records, samples and the run folder (read like a live run's).
+
+`simulate(workload, profile, tier_name)` runs one tier and returns a `SimResult`.
+
+Model decisions, each explained where it is implemented:
+
+* step time (`steptime`): max(sum of the prefill chunks' `roofline.prefill_time_s`,
+  `roofline.decode_step_s` of the weights + scheduled KV / decode_efficiency) + a fixed
+  overhead, plus the wait for synchronous loads;
+* GPU cache (`cache`): LRU over freed blocks, tail blocks first, blocks of running requests
+  pinned; when a running request finds no block, the newest running request is preempted
+  and later recomputed from whatever prefix is still cached (vLLM v1);
+* offload (`offload`): LMCache-like chunks (written once complete, prefix lookup store by
+  store, touched on use), LRU or TTL per store, FIFO read and write channels per store;
+  writes that would queue for more than `max_write_backlog_s` are dropped and counted;
+  write-through to every store by default, chunks read from a lower store are staged in the
+  faster ones;
+* async loads (`scheduler`): a loading request holds its blocks plus one spare slot and
+  does not hold up the step; sync loads make the step wait;
+* a store is "filled" when it holds its capacity in whole chunks (`outputs.fill_time_s`;
+  exact first eviction in stats).
+"""
+
+from kvrepro.engines.sim.config import (
+    OffloadTier,
+    ServerProfile,
+    SimProfile,
+    SimTier,
+    load_profile,
+)
+from kvrepro.engines.sim.engine import SimResult, simulate
+from kvrepro.engines.sim.outputs import fill_time_s
+
+__all__ = ["OffloadTier", "ServerProfile", "SimProfile", "SimResult", "SimTier", "fill_time_s",
+           "load_profile", "simulate"]

@@ -1,0 +1,221 @@
+"""Profiles of the simulated server: hardware and model as data, one file per testbed.
+
+A `SimProfile` is what the digital twin needs to stand in for one serving instance:
+
+* `server` (`ServerProfile`): the model and the GPU group's roofline rates, the KV capacity in
+  GPU memory and vLLM's scheduler limits;
+* `tiers`: named `SimTier`s (baseline, dram, flash, ...), each a list of `OffloadTier`s below
+  the GPU, fastest first (LMCache's CPU backend, then its local-disk backend);
+* `sample_interval_s`: how often the engine writes a server sample.
+
+Profiles are YAML files loaded with `load_profile`; a wrong or missing field is reported with
+the file and the field's dotted path. Calibrated study profiles live in `data/`; this module
+only defines and checks the schema.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from kvrepro.calc.models import ModelSpec, get_model
+from kvrepro.calc.roofline import GpuSpec
+
+
+class ServerProfile(BaseModel):
+    """One vLLM instance: model, GPU-group rates for the roofline, KV capacity, limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or an "
+                                               "inline ModelSpec mapping")
+    fp16_tflops: float = Field(gt=0, description="effective peak rate of the whole TP group, "
+                                                 "TFLOP/s (what prefill FLOPs are divided by)")
+    mem_bw_tb_s: float = Field(gt=0, description="memory bandwidth of the TP group, TB/s")
+    mfu: float = Field(0.5, gt=0, le=1, description="utilisation of fp16_tflops in prefill")
+    decode_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of mem_bw_tb_s "
+                                                                  "a step achieves")
+    step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "
+                                                            "(scheduling, launch, sampling)")
+    gpu_kv_bytes: float = Field(gt=0, description="KV cache capacity in GPU memory, bytes")
+    block_tokens: int = Field(16, gt=0, description="prefix-cache block size, tokens")
+    max_batched_tokens: int = Field(8192, gt=0, description="token budget per step "
+                                                            "(chunked prefill)")
+    max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
+    max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
+    front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
+                                       "work (HTTP, tokenizing, streaming) that a client sees "
+                                       "on top of the engine: added to first-token and finish "
+                                       "times, so a session's next turn waits for it too")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | ModelSpec) -> str | ModelSpec:
+        if isinstance(value, str):
+            get_model(value)  # ValueError listing the catalog's names
+        return value
+
+    @model_validator(mode="after")
+    def _capacity_fits_one_request(self) -> ServerProfile:
+        spec = self.model_spec()
+        if self.capacity_blocks() * self.block_tokens < self.max_model_len:
+            raise ValueError(
+                f"gpu_kv_bytes {self.gpu_kv_bytes:.4g} holds {self.capacity_blocks()} blocks of "
+                f"{self.block_tokens} tokens x {spec.kv_bytes_per_token} B, less than one "
+                f"max_model_len ({self.max_model_len}) request; vLLM refuses to start so")
+        return self
+
+    def model_spec(self) -> ModelSpec:
+        """The model as a ModelSpec (catalog lookup for a name)."""
+        return get_model(self.model) if isinstance(self.model, str) else self.model
+
+    def gpu_spec(self) -> GpuSpec:
+        """A GpuSpec with this profile's rates, for `kvrepro.calc.roofline`.
+
+        The roofline's step time reads only `fp16_tflops` and `mem_bw_tb_s`. GpuSpec also
+        requires a host link and a memory size; offload loads use each tier's own read
+        bandwidth instead of the link, so the link is set to a value nothing here reads.
+        """
+        return GpuSpec(name=f"sim:{self.model_spec().name}", fp16_tflops=self.fp16_tflops,
+                       host_link_gb_s=1.0, mem_bw_tb_s=self.mem_bw_tb_s,
+                       mem_gb=self.gpu_kv_bytes / 1e9, source="kvrepro.engines.sim profile")
+
+    def block_bytes(self) -> int:
+        """Bytes of one KV block."""
+        return self.block_tokens * self.model_spec().kv_bytes_per_token
+
+    def capacity_blocks(self) -> int:
+        """How many KV blocks fit in `gpu_kv_bytes`."""
+        return int(self.gpu_kv_bytes // self.block_bytes())
+
+
+class OffloadTier(BaseModel):
+    """One store below the GPU: capacity, read/write channels, chunking, eviction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="dram, flash, staging, ...")
+    capacity_bytes: float = Field(ge=0, description="bytes of KV it holds (0: holds nothing)")
+    read_bw_bytes_s: float = Field(gt=0, description="load bandwidth into the GPU, B/s")
+    write_bw_bytes_s: float = Field(gt=0, description="store bandwidth from the GPU, B/s")
+    chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
+    chunk_read_latency_s: float = Field(0.0, ge=0, description="added per chunk read")
+    chunk_write_latency_s: float = Field(0.0, ge=0, description="added per chunk written")
+    chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
+        default_factory=list, description="measured per-chunk read latencies (kvrepro.storage "
+                                          "flash profile); when given, each chunk read draws "
+                                          "one of them instead of chunk_read_latency_s")
+    latency_seed: int = Field(0, ge=0, description="seed of those draws, with the store name")
+    eviction: Literal["lru", "ttl", "none"] = Field(
+        "lru", description="lru; ttl (expire after ttl_s unused, LRU when full); or none "
+                           "(when full, keep what it holds and store no new chunk: a what-if, "
+                           "not LMCache's default)")
+    ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
+    max_write_backlog_s: float = Field(5.0, gt=0, description="a write that would wait longer "
+                                                              "than this in the write queue "
+                                                              "is dropped (and counted)")
+
+    @model_validator(mode="after")
+    def _ttl_given(self) -> OffloadTier:
+        if self.eviction == "ttl" and self.ttl_s is None:
+            raise ValueError(f"tier {self.name!r}: eviction 'ttl' needs ttl_s")
+        return self
+
+
+class SimTier(BaseModel):
+    """A tier configuration: the offload stores below the GPU, fastest first."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("", description="filled from the key in SimProfile.tiers")
+    offload: list[OffloadTier] = Field(default_factory=list, description="fastest first; "
+                                                                          "empty for baseline")
+    write_through: bool = Field(True, description="computed KV goes to every offload store "
+                                                  "(LMCache); False: to the first only, and "
+                                                  "evicted chunks move one store down")
+    load_async: bool = Field(True, description="a request waiting for a load does not hold "
+                                               "up the GPU step")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SimTier:
+        names = [t.name for t in self.offload]
+        if len(set(names)) != len(names):
+            raise ValueError(f"offload store names must be unique, got {names}")
+        chunks = {t.chunk_tokens for t in self.offload}
+        if len(chunks) > 1:
+            raise ValueError(f"all offload stores of a tier share one chunk_tokens (LMCache has "
+                             f"one chunk size), got {sorted(chunks)}")
+        return self
+
+
+class SimProfile(BaseModel):
+    """Server + named tiers + sampling: everything one simulated campaign needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = ""
+    server: ServerProfile
+    tiers: dict[str, SimTier] = Field(min_length=1)
+    sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
+
+    @model_validator(mode="after")
+    def _tier_names(self) -> SimProfile:
+        for key, tier in self.tiers.items():
+            if tier.name and tier.name != key:
+                raise ValueError(f"tiers.{key}: name {tier.name!r} differs from its key")
+            tier.name = key
+        return self
+
+    def tier(self, name: str) -> SimTier:
+        """The tier called `name`; the error lists the known ones."""
+        if name not in self.tiers:
+            raise ValueError(f"unknown tier {name!r} (parameter 'tier_name'); "
+                             f"known: {sorted(self.tiers)}")
+        return self.tiers[name]
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def load_profile(path: str | Path) -> SimProfile:
+    """Read a SimProfile from YAML; errors name the file and each bad field's dotted path."""
+    src = Path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"simulator profile not found: {src}")
+    try:
+        raw = yaml.safe_load(src.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{src}: malformed YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{src}: expected a mapping at the top level")
+    try:
+        return SimProfile.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"field {_where(e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{src}: invalid simulator profile: {problems}") from err
+
+
+def chunk_bytes(tier: SimTier, kv_bytes_per_token: int) -> int:
+    """Bytes of one offload chunk of `tier` (0 when it has no offload store)."""
+    if not tier.offload:
+        return 0
+    return tier.offload[0].chunk_tokens * kv_bytes_per_token
+
+
+def capacity_chunks(store: OffloadTier, kv_bytes_per_token: int) -> int:
+    """Whole chunks that fit in a store (a partial chunk cannot be stored)."""
+    size = store.chunk_tokens * kv_bytes_per_token
+    return int(math.floor(store.capacity_bytes / size))

@@ -1,0 +1,292 @@
+"""The simulated engine: a heapq event loop around the scheduler, and `simulate`.
+
+Events (`events`): turn arrivals, step ends, asynchronous load completions and samples. The
+engine runs one step at a time: when a step ends, it applies it, issues the next turns of
+sessions whose request finished (closed loop: finish + pause, or the turn's not_before_s,
+whichever is later, as the live client does), and plans the next step right away; with
+nothing to run it idles until an arrival or a load completion.
+
+Ending a run: no turn is sent at or after `duration_s`; requests already sent run to the end
+unless `hard_end_s` stops the clock first. Every request that arrived is then either in the
+records (finished, or failed because it exceeds max_model_len) or counted in the stats as
+still running, waiting or loading at the end: stats["arrived"] == stats["finished"] +
+stats["failed"] + stats["unfinished"].
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from kvrepro.engines.sim.config import SimProfile, SimTier, load_profile
+from kvrepro.engines.sim.entities import Request, TurnTable
+from kvrepro.engines.sim.events import EventQueue, LoadDone, Sample, StepEnd, TurnArrival
+from kvrepro.engines.sim.outputs import OutputSink, sample_row
+from kvrepro.engines.sim.prefix_units import BlockIdentity, unit_ranges
+from kvrepro.engines.sim.scheduler import Scheduler, StepPlan
+from kvrepro.engines.sim.steptime import StepTimer
+from kvrepro.workload.base import Workload
+
+ENGINE = "sim"
+
+
+@dataclass
+class SimResult:
+    """Records (one row per finished request, as `read_run` returns them), server samples,
+    and run statistics."""
+
+    records: pd.DataFrame
+    samples: pd.DataFrame
+    stats: dict[str, Any]
+
+
+class Engine:
+    """One simulated server running one workload on one tier."""
+
+    def __init__(self, workload: Workload, profile: SimProfile, tier: SimTier,
+                 duration_s: float, warmup_s: float, hard_end_s: float,
+                 sink: OutputSink, max_in_flight: int | None = None):
+        server = profile.server
+        self.table = TurnTable.from_workload(workload)
+        self.identity = BlockIdentity(workload)
+        self.scheduler = Scheduler(server, tier, StepTimer(server))
+        self.tier_name, self.sink = tier.name, sink
+        self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
+        self.store_names = [store.name for store in tier.offload]
+        self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
+        self.sample_interval_s = profile.sample_interval_s
+        self.front_end_s = server.front_end_latency_s  # what the client sees on top
+        # the load client's concurrency limit: turns due while it is reached wait, unsent
+        self.max_in_flight, self.in_flight = max_in_flight, 0
+        self.backlog: deque[TurnArrival] = deque()
+        self.queue = EventQueue()
+        self.plan: StepPlan | None = None
+        self.now_s = 0.0
+        self.counts = {"arrived": 0, "finished": 0, "failed": 0, "turns_not_sent": 0}
+        self._next_rid = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, progress: bool = True) -> None:
+        """Process events until none are left or the hard end is reached."""
+        for pos, row_list in enumerate(self.table.rows):
+            send_s = self.table.send_s(row_list[0], None, self.table.arrival_s[pos])
+            self._issue(pos, 0, send_s)
+        self.queue.push(Sample(0.0))
+        total = self.duration_s if math.isfinite(self.duration_s) else None
+        with tqdm(total=total, unit="sim s", disable=not progress, leave=False,
+                  desc=f"sim {self.tier_name}") as bar:
+            self._loop(bar)
+        if not self.sink.samples or self.sink.samples[-1]["time_s"] != self.now_s:
+            self.sink.add_sample(self._sample())
+
+    def _loop(self, bar: Any) -> None:
+        queue, handlers = self.queue, {
+            TurnArrival: self._arrive, StepEnd: self._step_end, LoadDone: self._load_done,
+            Sample: self._take_sample}
+        while queue:
+            if queue.peek_time_s() > self.hard_end_s:
+                self.now_s = self.hard_end_s
+                break
+            event = queue.pop()
+            self.now_s = event.time_s
+            handlers[type(event)](event)
+            if type(event) is Sample:
+                limit_s = self.now_s if bar.total is None else min(self.now_s, bar.total)
+                bar.update(max(0.0, limit_s - bar.n))
+
+    def _issue(self, session_pos: int, turn_pos: int, send_s: float) -> None:
+        """Queue a turn's arrival, or count the session's remaining turns as not sent."""
+        rows = self.table.rows[session_pos]
+        if send_s >= self.duration_s:
+            self.counts["turns_not_sent"] += len(rows) - turn_pos
+            return
+        self.queue.push(TurnArrival(send_s, session_pos, turn_pos))
+
+    def _wake(self) -> None:
+        if self.plan is None:
+            self._start_step()
+
+    def _start_step(self) -> None:
+        self.plan = self.scheduler.schedule(self.now_s)
+        for load in self.scheduler.take_new_loads():
+            self.queue.push(load)
+        if self.plan is not None:
+            self.queue.push(StepEnd(self.now_s + self.plan.duration_s,
+                                    self.scheduler.counters.steps))
+
+    # ------------------------------------------------------------------ handlers
+
+    def _arrive(self, event: TurnArrival) -> None:
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.backlog.append(event)  # sent when a request in flight finishes
+            return
+        self.in_flight += 1
+        table, row = self.table, self.table.rows[event.session_pos][event.turn_pos]
+        self.counts["arrived"] += 1
+        prompt, output = table.prompt_tokens[row], max(1, table.output_tokens[row])
+        req = self._request(event, row, prompt, output)
+        if prompt + output > self.max_model_len:
+            req.finish_s = self.now_s
+            self.counts["failed"] += 1
+            self.sink.add_record(self._record(req, error=(
+                f"prompt_tokens + output_tokens = {prompt + output} exceeds max_model_len "
+                f"{self.max_model_len}")))
+            self.counts["turns_not_sent"] += len(table.rows[event.session_pos]) - \
+                event.turn_pos - 1  # like the live client, an error ends the session
+            self._release_slot()
+            return
+        self.scheduler.waiting.append(req)
+        self._wake()
+
+    def _release_slot(self) -> None:
+        """A request left the server: send the longest-waiting turn, if the run is still on."""
+        self.in_flight -= 1
+        while self.backlog:
+            waiting = self.backlog.popleft()
+            if self.now_s < self.duration_s:
+                self.queue.push(TurnArrival(self.now_s, waiting.session_pos, waiting.turn_pos))
+                return
+            rows = self.table.rows[waiting.session_pos]
+            self.counts["turns_not_sent"] += len(rows) - waiting.turn_pos
+
+    def _request(self, event: TurnArrival, row: int, prompt: int, output: int) -> Request:
+        segments = self.identity.segments(row)
+        sched = self.scheduler
+        req = Request(
+            rid=self._next_rid, session_id=self.table.session_ids[event.session_pos],
+            turn=self.table.turn[row], row=row, send_s=self.now_s, prompt_tokens=prompt,
+            output_tokens=output, is_resume=self.table.is_resume[row], segments=segments,
+            block_ranges=unit_ranges(segments, self.block_tokens),
+            segment_numbers=[number for number, _ in segments],
+            loaded_tokens=[0] * len(self.store_names))
+        if sched.offload is not None:
+            req.chunk_ranges = unit_ranges(segments, sched.chunk_tokens)
+        req.session_pos, req.turn_pos = event.session_pos, event.turn_pos
+        self._next_rid += 1
+        return req
+
+    def _step_end(self, event: StepEnd) -> None:
+        finished = self.scheduler.complete(self.plan, self.now_s)
+        self.plan = None
+        for req in finished:
+            self.counts["finished"] += 1
+            self._release_slot()
+            self.sink.add_record(self._record(req))
+            rows = self.table.rows[req.session_pos]
+            nxt = req.turn_pos + 1
+            if nxt < len(rows):
+                send_s = self.table.send_s(rows[nxt], self.now_s + self.front_end_s, 0.0)
+                self._issue(req.session_pos, nxt, send_s)
+        self._start_step()
+
+    def _load_done(self, event: LoadDone) -> None:
+        self.scheduler.on_load_done(event.request)
+        self._wake()
+
+    def _take_sample(self, event: Sample) -> None:
+        self.sink.add_sample(self._sample())
+        if self.queue or self.plan is not None:
+            self.queue.push(Sample(self.now_s + self.sample_interval_s))
+        elif self.scheduler.has_work():
+            sched = self.scheduler
+            raise RuntimeError(
+                f"simulation stalled at {self.now_s:.3f} s: {len(sched.waiting)} waiting, "
+                f"{len(sched.ready)} loaded, no step can run and no event is due "
+                f"(GPU blocks used {sched.gpu.used_blocks} of {sched.gpu.capacity_blocks}, "
+                f"{sched.gpu.evictable_blocks} evictable)")
+
+    # ------------------------------------------------------------------ outputs
+
+    def _sample(self) -> dict[str, Any]:
+        return sample_row(self.now_s, self.scheduler)
+
+    def _record(self, req: Request, error: str = "") -> dict[str, Any]:
+        cached = max(req.cached_prompt_tokens, 0)
+        record = {
+            "session_id": req.session_id, "turn": req.turn, "tier": self.tier_name,
+            "engine": ENGINE, "send_s": req.send_s,
+            "first_token_s": req.first_token_s + self.front_end_s,
+            "finish_s": req.finish_s + self.front_end_s, "prompt_tokens": req.prompt_tokens,
+            "cached_prompt_tokens": float(cached) if not error else math.nan,
+            "output_tokens": req.generated_tokens, "is_resume": req.is_resume,
+            "is_warmup": req.send_s < self.warmup_s, "error": error,
+            "gpu_hit_tokens": req.gpu_hit_tokens}
+        for name, tokens in zip(self.store_names, req.loaded_tokens, strict=True):
+            record[f"loaded_tokens_{name}"] = tokens
+        record.update(recomputed_tokens=req.recomputed_tokens, load_s=req.load_s,
+                      queue_s=req.admitted_s - req.send_s, preemptions=req.preemptions)
+        return record
+
+    def stats(self) -> dict[str, Any]:
+        """Counts that account for every request, plus cache and tier totals."""
+        sched = self.scheduler
+        unfinished = {"running_at_end": len(sched.running),
+                      "waiting_at_end": len(sched.waiting) + len(sched.ready),
+                      "loading_at_end": sched.loading}
+        out: dict[str, Any] = {**self.counts, **unfinished,
+                               "unfinished": sum(unfinished.values()), "end_s": self.now_s,
+                               "client_waiting_at_end": len(self.backlog),
+                               "gpu_capacity_blocks": sched.gpu.capacity_blocks,
+                               "gpu_evicted_blocks": sched.gpu.evicted_blocks}
+        out.update({k: getattr(sched.counters, k) for k in sched.counters.__slots__})
+        if sched.offload is not None:
+            for store in sched.offload.stores:
+                out[f"{store.name}_first_eviction_s"] = store.first_eviction_s
+                out[f"{store.name}_evicted_chunks"] = store.evicted_chunks
+                out[f"{store.name}_rejected_chunks"] = store.rejected_chunks
+        return out
+
+
+def _default_duration_s(workload: Workload, duration_s: float | None) -> float:
+    if duration_s is not None:
+        return float(duration_s)
+    value = (workload.spec.get("params") or {}).get("duration_s")
+    return float(value) if value is not None else math.inf
+
+
+def simulate(workload: Workload, profile: SimProfile | str | Path, tier_name: str,
+             duration_s: float | None = None, warmup_s: float = 0.0,
+             run_dir: str | Path | None = None, *, hard_end_s: float | None = None,
+             max_in_flight: int | None = None, progress: bool = True) -> SimResult:
+    """Simulate `workload` on tier `tier_name` of `profile` (a SimProfile or a YAML path).
+
+    `duration_s`: no turn is sent at or after it (None: the workload spec's `duration_s`
+    when it has one, else no limit). `hard_end_s`: the clock stops there and requests still
+    in the server are counted, not recorded (None: run until every sent request finished).
+    `max_in_flight`: the load client's concurrency limit (None: none, each session has at
+    most one request in flight); a turn due while it is reached waits in the client and its
+    `send_s`, hence its TTFT, starts when it is actually sent.
+    `warmup_s` flags records sent earlier (`is_warmup`). With `run_dir`, the run folder
+    (records.jsonl, samples.jsonl, meta.json) is written as a live run's would be.
+    """
+    if not isinstance(profile, SimProfile):
+        profile = load_profile(profile)
+    tier = profile.tier(tier_name)
+    duration = _default_duration_s(workload, duration_s)
+    hard_end = math.inf if hard_end_s is None else float(hard_end_s)
+    meta = {"engine": ENGINE, "tier": tier_name, "tier_config": tier.model_dump(mode="json"),
+            "profile": profile.model_dump(mode="json"), "workload": workload.spec,
+            "workload_digest": workload.digest(),
+            "options": {"duration_s": duration, "warmup_s": warmup_s, "hard_end_s": hard_end,
+                        "max_in_flight": max_in_flight}}
+    started = time.perf_counter()
+    with OutputSink(run_dir, meta) as sink:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1 or None, got {max_in_flight}")
+        engine = Engine(workload, profile, tier, duration, warmup_s, hard_end, sink,
+                        max_in_flight)
+        engine.run(progress)
+        stats = {**engine.stats(), "wall_s": time.perf_counter() - started}
+        sink.finish(stats)
+    return SimResult(sink.records_frame(), sink.samples_frame(), stats)
+
+
+__all__ = ["ENGINE", "Engine", "SimResult", "simulate"]

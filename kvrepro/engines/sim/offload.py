@@ -1,0 +1,241 @@
+"""Offload stores below the GPU (LMCache's CPU and local-disk backends), chunk-granular.
+
+Each store holds chunks of `chunk_tokens` tokens (a chunk is stored only once all its tokens'
+KV exists: LMCache writes whole chunks), up to `capacity_bytes`, in LRU order (or TTL: a chunk
+unused for `ttl_s` expires; when full, the least recently used still goes first; or none: when
+full, the store keeps what it holds and new chunks are rejected and counted).
+
+* lookup: like LMCache's prefix match across backends, the first store's run of leading
+  chunks, then the next store continues where it stopped, and so on. A chunk whose write has
+  not finished yet does not count. Admitting the request touches every chunk found (LMCache
+  pins them on lookup and updates LRU order after the retrieve, prefix first).
+* load: the chunks past the GPU's own hit are read; each store's read channel is a FIFO
+  server, a read of n chunks takes n x chunk_bytes / read_bw + n x chunk_read_latency after
+  the channel frees up (with measured `chunk_read_latency_samples_s`, each chunk draws its
+  latency from them instead); stores serve their parts in parallel, the load ends with the last.
+  Chunks read from a lower store are staged: copied into every faster store.
+* write: computed chunks a store lacks are queued on its write channel (FIFO; a chunk is
+  present once its write finishes). If the queue already holds more than
+  `max_write_backlog_s` of work, the write is dropped and counted (LMCache's store path skips
+  a put when its buffer is exhausted rather than stall the engine). With `write_through`
+  every store gets the chunk; otherwise only the first, and chunks evicted from store i are
+  queued for store i + 1 (a victim cache).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from kvrepro.engines.sim.config import OffloadTier, SimTier, capacity_chunks
+
+
+@dataclass(slots=True)
+class Channel:
+    """A FIFO server moving whole chunks: one queue, fixed bandwidth, per-chunk latency."""
+
+    bytes_per_s: float
+    chunk_latency_s: float
+    busy_until_s: float = 0.0
+    latency_samples_s: tuple[float, ...] = ()
+    """Measured per-chunk latencies: when given, each chunk draws one (from `rng`) instead of
+    `chunk_latency_s` (reads of a flash profile measured with `kvrepro.storage`)."""
+    rng: random.Random | None = None
+
+    def chunk_s(self, chunk_bytes: int) -> float:
+        """Seconds one chunk occupies the channel."""
+        return chunk_bytes / self.bytes_per_s + self.chunk_latency_s
+
+    def submit(self, now_s: float, n_chunks: int, chunk_bytes: int) -> float:
+        """Queue `n_chunks`; return when the last one is done."""
+        start_s = max(now_s, self.busy_until_s)
+        if self.latency_samples_s:
+            drawn_s = sum(self.rng.choices(self.latency_samples_s, k=n_chunks))
+            self.busy_until_s = start_s + n_chunks * chunk_bytes / self.bytes_per_s + drawn_s
+            return self.busy_until_s
+        self.busy_until_s = start_s + n_chunks * self.chunk_s(chunk_bytes)
+        return self.busy_until_s
+
+    def backlog_s(self, now_s: float) -> float:
+        """Seconds of queued work ahead of a request submitted now."""
+        return max(0.0, self.busy_until_s - now_s)
+
+
+def read_channel(config: OffloadTier) -> Channel:
+    """A store's read channel; with measured latency samples, its draws are seeded per store
+    (name + latency_seed), so a run is reproducible and stores draw independently."""
+    if not config.chunk_read_latency_samples_s:
+        return Channel(config.read_bw_bytes_s, config.chunk_read_latency_s)
+    return Channel(config.read_bw_bytes_s, config.chunk_read_latency_s,
+                   latency_samples_s=tuple(config.chunk_read_latency_samples_s),
+                   rng=random.Random(f"{config.name}:{config.latency_seed}"))
+
+
+class ChunkStore:
+    """One store: chunk id -> time it was last written or used, in LRU order."""
+
+    def __init__(self, config: OffloadTier, kv_bytes_per_token: int):
+        self.config = config
+        self.name = config.name
+        self.capacity_chunks = capacity_chunks(config, kv_bytes_per_token)
+        self.ttl_s = config.ttl_s if config.eviction == "ttl" else None
+        self.entries: OrderedDict[int, float] = OrderedDict()
+        self.evicted_chunks = 0
+        self.expired_chunks = 0
+        self.rejected_chunks = 0
+        self.keeps_when_full = config.eviction == "none"
+        self.first_eviction_s = float("nan")
+
+    def expire(self, now_s: float) -> None:
+        """Drop chunks unused for ttl_s (TTL stores only)."""
+        if self.ttl_s is None:
+            return
+        entries, limit_s = self.entries, now_s - self.ttl_s
+        while entries:
+            cid, last_s = next(iter(entries.items()))
+            if last_s > limit_s:
+                break
+            del entries[cid]
+            self.expired_chunks += 1
+
+    def run_length(self, ids: list[int], start: int, now_s: float) -> int:
+        """How many chunks from ids[start] on are present and fully written."""
+        entries, k, n = self.entries, start, len(ids)
+        while k < n:
+            when_s = entries.get(ids[k])
+            if when_s is None or when_s > now_s:
+                break
+            k += 1
+        return k - start
+
+    def touch(self, ids: list[int], now_s: float) -> None:
+        """Mark chunks used now (they move to the most recently used end)."""
+        entries = self.entries
+        for cid in ids:
+            entries.move_to_end(cid)
+            entries[cid] = now_s
+
+    def admits(self) -> bool:
+        """False when full and the store keeps what it holds (eviction "none")."""
+        return not (self.keeps_when_full and len(self.entries) >= self.capacity_chunks)
+
+    def insert(self, cid: int, ready_s: float, now_s: float) -> int:
+        """Make room now for a chunk complete at `ready_s`; return the id evicted, or -1."""
+        entries = self.entries
+        evicted = -1
+        if len(entries) >= self.capacity_chunks:
+            evicted, _ = entries.popitem(last=False)
+            self.evicted_chunks += 1
+            if self.evicted_chunks == 1:
+                self.first_eviction_s = now_s
+        entries[cid] = ready_s
+        return evicted
+
+
+class OffloadHierarchy:
+    """The offload stores of one tier with their channels and byte counters."""
+
+    def __init__(self, tier: SimTier, kv_bytes_per_token: int):
+        self.stores = [ChunkStore(c, kv_bytes_per_token) for c in tier.offload]
+        self.names = [s.name for s in self.stores]
+        self.chunk_tokens = tier.offload[0].chunk_tokens if tier.offload else 0
+        self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
+        self.write_through = tier.write_through
+        self.reads = [read_channel(c) for c in tier.offload]
+        self.writes = [Channel(c.write_bw_bytes_s, c.chunk_write_latency_s)
+                       for c in tier.offload]
+        self.backlog_limit_s = [c.max_write_backlog_s for c in tier.offload]
+        n = len(self.stores)
+        self.bytes_written, self.bytes_read = [0] * n, [0] * n
+        self.writes_dropped = [0] * n
+
+    def lookup(self, ids: list[int], now_s: float) -> list[int]:
+        """Chunks found per store, as a prefix match that moves on store by store."""
+        counts, pos = [], 0
+        for store in self.stores:
+            store.expire(now_s)
+            found = store.run_length(ids, pos, now_s)
+            counts.append(found)
+            pos += found
+        return counts
+
+    def touch(self, ids: list[int], counts: list[int], now_s: float) -> None:
+        """Mark the chunks a lookup found as used, in the store each was found in."""
+        pos = 0
+        for store, found in zip(self.stores, counts, strict=True):
+            if found:
+                store.touch(ids[pos:pos + found], now_s)
+            pos += found
+
+    def load(self, ids: list[int], counts: list[int], first: int, end: int,
+             now_s: float) -> tuple[float, list[int]]:
+        """Read chunks [first, end) of a lookup's result; return (done time, chunks per store).
+
+        Each store reads its part on its own FIFO read channel; chunks from lower stores are
+        then staged in the faster ones (present from the load's end).
+        """
+        done_s, per_store, pos = now_s, [], 0
+        for i, found in enumerate(counts):
+            lo, hi = max(first, pos), min(end, pos + found)
+            n = max(0, hi - lo)
+            per_store.append(n)
+            if n:
+                done_s = max(done_s, self.reads[i].submit(now_s, n, self.chunk_bytes))
+                self.bytes_read[i] += n * self.chunk_bytes
+            pos += found
+        pos = counts[0]
+        for i in range(1, len(counts)):
+            lo, hi = max(first, pos), min(end, pos + counts[i])
+            if hi > lo:
+                for upper in range(i):
+                    self._stage(upper, ids[lo:hi], done_s)
+            pos += counts[i]
+        return done_s, per_store
+
+    def _stage(self, index: int, ids: list[int], ready_s: float) -> None:
+        store = self.stores[index]
+        if store.capacity_chunks == 0:
+            return
+        for cid in ids:
+            if cid not in store.entries:
+                if not store.admits():
+                    store.rejected_chunks += 1
+                    continue
+                self.bytes_written[index] += self.chunk_bytes
+                self._demote(index, store.insert(cid, ready_s, ready_s), ready_s)
+
+    def write(self, ids: list[int], now_s: float) -> None:
+        """Store newly computed chunks (write-through: in every store; else the first)."""
+        for index in range(len(self.stores) if self.write_through else min(1, len(self.stores))):
+            self._write_to(index, ids, now_s)
+
+    def _write_to(self, index: int, ids: list[int], now_s: float) -> None:
+        store = self.stores[index]
+        if store.capacity_chunks == 0 or not ids:
+            return
+        store.expire(now_s)
+        entries, channel = store.entries, self.writes[index]
+        chunk_s, limit_s = channel.chunk_s(self.chunk_bytes), self.backlog_limit_s[index]
+        for k, cid in enumerate(ids):
+            if cid in entries:
+                continue
+            if not store.admits():
+                store.rejected_chunks += sum(1 for c in ids[k:] if c not in entries)
+                return
+            start_s = max(now_s, channel.busy_until_s)
+            if start_s - now_s > limit_s:
+                self.writes_dropped[index] += sum(1 for c in ids[k:] if c not in entries)
+                return
+            channel.busy_until_s = start_s + chunk_s
+            self.bytes_written[index] += self.chunk_bytes
+            self._demote(index, store.insert(cid, channel.busy_until_s, now_s), now_s)
+
+    def _demote(self, index: int, evicted: int, now_s: float) -> None:
+        """Write-back mode: a chunk evicted from store `index` moves one store down."""
+        if evicted >= 0 and not self.write_through and index + 1 < len(self.stores):
+            self._write_to(index + 1, [evicted], now_s)
+
+    def bytes_used(self, index: int) -> int:
+        """Bytes of chunks held by store `index` (writes in flight included)."""
+        return len(self.stores[index].entries) * self.chunk_bytes

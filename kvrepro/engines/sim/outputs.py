@@ -1,0 +1,147 @@
+"""What a simulated run emits: request records, server samples, the run folder, fill times.
+
+Records carry `kvrepro.records.RECORD_COLUMNS` plus what the simulator knows exactly:
+`gpu_hit_tokens`, `loaded_tokens_<store>` (first admission; with the GPU hit they add up to
+`cached_prompt_tokens`), `recomputed_tokens` (tokens prefilled on the GPU, re-prefills after
+preemption included), `load_s` (time spent waiting for offload loads), `queue_s` (send to
+first admission) and `preemptions`.
+
+Samples carry `time_s`, `running`, `waiting` (queued or loaded, not yet running), `loading`,
+`gpu_kv_usage_frac` (blocks referenced by requests, as vLLM reports KV usage),
+`gpu_kv_occupied_frac` (referenced + cached-but-free blocks), cumulative
+`prefix_cache_queries_tokens` / `prefix_cache_hits_tokens` (GPU prefix cache, like vLLM's
+counters), `external_prefix_cache_queries_tokens` / `external_prefix_cache_hits_tokens`
+(offload), `preemptions`, `prompt_tokens`, `generation_tokens`, and per offload store
+`<store>_bytes_used`, `<store>_bytes_written`, `<store>_bytes_read`, `<store>_writes_dropped`
+(chunks), `<store>_evicted_chunks`, `<store>_rejected_chunks` (eviction "none", when full),
+`<store>_capacity_bytes` (what the store can hold in whole chunks: the configured capacity
+rounded down to a multiple of the chunk size).
+
+A store is *full* ("filled") once it holds `<store>_capacity_bytes`, i.e. has no room for
+another chunk and the next write evicts; `fill_time_s` returns the first sample time at which
+bytes_used >= frac x capacity_bytes. The exact time of the first eviction is in the run's
+stats as `<store>_first_eviction_s`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from kvrepro.records import RECORD_COLUMNS, RunWriter
+
+if TYPE_CHECKING:
+    from kvrepro.engines.sim.scheduler import Scheduler
+
+WRITE_BATCH = 1000
+"""Records and samples are written to the run folder in batches of this many."""
+
+
+def sample_row(now_s: float, sched: Scheduler) -> dict[str, Any]:
+    """One server sample of the scheduler's state and counters at `now_s`."""
+    referenced, occupied = sched.gpu.usage()
+    c = sched.counters
+    row: dict[str, Any] = {
+        "time_s": now_s, "running": len(sched.running),
+        "waiting": len(sched.waiting) + len(sched.ready), "loading": sched.loading,
+        "gpu_kv_usage_frac": referenced, "gpu_kv_occupied_frac": occupied,
+        "prefix_cache_queries_tokens": c.prefix_queries_tokens,
+        "prefix_cache_hits_tokens": c.prefix_hits_tokens,
+        "external_prefix_cache_queries_tokens": c.external_queries_tokens,
+        "external_prefix_cache_hits_tokens": c.external_hits_tokens,
+        "preemptions": c.preemptions, "prompt_tokens": c.prompt_tokens,
+        "generation_tokens": c.generation_tokens}
+    off = sched.offload
+    if off is not None:
+        for i, store in enumerate(off.stores):
+            store.expire(now_s)  # TTL stores drop expired chunks lazily; count them gone
+            row[f"{store.name}_bytes_used"] = off.bytes_used(i)
+            row[f"{store.name}_bytes_written"] = off.bytes_written[i]
+            row[f"{store.name}_bytes_read"] = off.bytes_read[i]
+            row[f"{store.name}_writes_dropped"] = off.writes_dropped[i]
+            row[f"{store.name}_evicted_chunks"] = store.evicted_chunks
+            row[f"{store.name}_rejected_chunks"] = store.rejected_chunks
+            row[f"{store.name}_capacity_bytes"] = store.capacity_chunks * off.chunk_bytes
+    return row
+
+
+class OutputSink:
+    """Collects records and samples; with a run folder, writes them in batches.
+
+    A crashed simulation can simply be rerun, so batches (not per-line flushes) are enough;
+    the folder is still readable after a crash up to the last batch.
+    """
+
+    def __init__(self, run_dir: str | Path | None, meta: dict[str, Any]):
+        self.records: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self._written = [0, 0]
+        self.writer = RunWriter(run_dir, meta, fsync_every=0) if run_dir is not None else None
+
+    def add_record(self, record: dict[str, Any]) -> None:
+        """Keep one finished request's record."""
+        self.records.append(record)
+        if self.writer is not None and len(self.records) - self._written[0] >= WRITE_BATCH:
+            self._flush()
+
+    def add_sample(self, sample: dict[str, Any]) -> None:
+        """Keep one server sample."""
+        self.samples.append(sample)
+        if self.writer is not None and len(self.samples) - self._written[1] >= WRITE_BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        for record in self.records[self._written[0]:]:
+            self.writer.write_record(record)
+        for sample in self.samples[self._written[1]:]:
+            self.writer.write_sample(sample)
+        self._written = [len(self.records), len(self.samples)]
+
+    def finish(self, stats: dict[str, Any]) -> None:
+        """Write what is left and close the folder with the run's stats in meta.json."""
+        if self.writer is not None:
+            self._flush()
+            self.writer.close("finished", stats=stats)
+            self.writer = None
+
+    def __enter__(self) -> OutputSink:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.writer is not None:
+            self._flush()
+            status = "finished" if exc_type is None else f"failed: {exc_type.__name__}: {exc}"
+            self.writer.close(status)
+            self.writer = None
+
+    def records_frame(self) -> pd.DataFrame:
+        """Records typed like `kvrepro.records.read_run` returns them (with `ttft_s`)."""
+        extra = list(dict.fromkeys(k for r in self.records[:1] for k in r
+                                   if k not in RECORD_COLUMNS))
+        df = pd.DataFrame(self.records, columns=[*RECORD_COLUMNS, *extra])
+        df = df.astype({k: v for k, v in RECORD_COLUMNS.items() if v != "float64"})
+        df = df.astype({k: "float64" for k, v in RECORD_COLUMNS.items() if v == "float64"})
+        df["ttft_s"] = df.first_token_s - df.send_s
+        return df
+
+    def samples_frame(self) -> pd.DataFrame:
+        """Samples as a frame, one row per sample."""
+        return pd.DataFrame(self.samples)
+
+
+def fill_time_s(samples: pd.DataFrame, store: str, frac: float = 1.0) -> float:
+    """First sample time at which `store` holds >= frac of its capacity (NaN: never).
+
+    With frac = 1 (default) that is when it is full: the next chunk written evicts one.
+    Samples are `sample_interval_s` apart, so this is the fill time rounded up to the next
+    sample; `stats["<store>_first_eviction_s"]` has it exactly.
+    """
+    used, cap = f"{store}_bytes_used", f"{store}_capacity_bytes"
+    if used not in samples.columns:
+        raise ValueError(f"samples have no column {used!r} (stores: "
+                         f"{[c[:-11] for c in samples.columns if c.endswith('_bytes_used')]})")
+    full = samples[(samples[cap] > 0) & (samples[used] >= frac * samples[cap])]
+    return float(full["time_s"].iloc[0]) if len(full) else math.nan

@@ -1,0 +1,317 @@
+"""Continuous batching with chunked prefill, as vLLM v1 schedules a step.
+
+Each step:
+
+1. Running requests in order (oldest first) each get num_tokens - computed_tokens tokens,
+   capped by what is left of the `max_batched_tokens` budget: 1 for a decode, a chunk for a
+   prefill. A request that needs a new block and finds none (after evicting cached,
+   unreferenced blocks) preempts the newest running request, repeatedly, possibly itself;
+   a preempted request frees its blocks (its full blocks stay cached until evicted), goes to
+   the front of the queue and later recomputes from its prefix hit.
+2. Unless someone was preempted this step: requests whose asynchronous load finished, then
+   waiting requests in arrival order, while budget and `max_num_seqs` allow. Admission finds
+   the GPU prefix hit, then the offload hit continuing it (`offload.OffloadHierarchy`), both
+   capped at num_tokens - 1 (the last token is always computed, as in vLLM), and allocates
+   blocks for the hit, the loaded tokens and the first chunk. A request that does not fit
+   stops admission (first come, first served). With `load_async` a request with an offload
+   hit waits for its load outside the batch, holding blocks for the loaded tokens plus one
+   (so that it can always start once loaded; without that spare slot, loading requests
+   could hold every block and stall the server); when loaded, it runs the chunk that fits.
+   Without `load_async` the load is part of the step and the step waits for it.
+
+At the end of a step: computed tokens advance, new full blocks are committed to the prefix
+cache, completed chunks are written to the offload stores, and a request whose computed
+tokens reach num_tokens samples one token (the first one ends its prefill: TTFT).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvrepro.engines.sim.cache import GpuPrefixCache
+from kvrepro.engines.sim.config import ServerProfile, SimTier
+from kvrepro.engines.sim.entities import Request, RequestState
+from kvrepro.engines.sim.events import LoadDone
+from kvrepro.engines.sim.offload import OffloadHierarchy
+from kvrepro.engines.sim.prefix_units import unit_ids
+from kvrepro.engines.sim.steptime import StepTimer
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step runs: requests with their token counts, and its cost inputs."""
+
+    requests: list[Request] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
+    kv_tokens: int = 0
+    load_wait_s: float = 0.0
+    duration_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Counters:
+    """Cumulative server counters (vLLM /metrics equivalents)."""
+
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
+    external_queries_tokens: int = 0
+    external_hits_tokens: int = 0
+    preemptions: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+
+
+class Scheduler:
+    """Queues, GPU prefix cache and offload stores of one simulated server."""
+
+    def __init__(self, server: ServerProfile, tier: SimTier, timer: StepTimer):
+        self.block_tokens = server.block_tokens
+        self.max_batched_tokens = server.max_batched_tokens
+        self.max_num_seqs = server.max_num_seqs
+        self.timer = timer
+        self.gpu = GpuPrefixCache(server.capacity_blocks())
+        kv_bytes = server.model_spec().kv_bytes_per_token
+        self.offload = OffloadHierarchy(tier, kv_bytes) if tier.offload else None
+        self.chunk_tokens = self.offload.chunk_tokens if self.offload else 0
+        self.load_async = tier.load_async
+        self.running: list[Request] = []
+        self.waiting: deque[Request] = deque()
+        self.ready: deque[Request] = deque()
+        self.loading = 0
+        self.new_loads: list[LoadDone] = []
+        self.counters = Counters()
+
+    def has_work(self) -> bool:
+        """Anything that a step could run now."""
+        return bool(self.running or self.waiting or self.ready)
+
+    # ------------------------------------------------------------------ planning a step
+
+    def schedule(self, now_s: float) -> StepPlan | None:
+        """Plan the step starting at `now_s`; None when nothing can run."""
+        plan = StepPlan()
+        budget = self._schedule_running(now_s, plan)
+        if budget is None and not plan.requests:
+            # every running request was preempted (the first one by itself): vLLM would run
+            # an empty step and schedule again; planning again at once is the same thing
+            budget = self._schedule_running(now_s, plan)
+        if budget is not None:
+            self._schedule_waiting(now_s, plan, budget)
+        if not plan.requests:
+            return None
+        plan.duration_s = self.timer.step_s(plan.prefill_chunks, plan.kv_tokens,
+                                            plan.load_wait_s)
+        self.counters.steps += 1
+        return plan
+
+    def _schedule_running(self, now_s: float, plan: StepPlan) -> int | None:
+        """Running requests first; returns the budget left, or None after a preemption."""
+        bt, budget, running, i = self.block_tokens, self.max_batched_tokens, self.running, 0
+        preempted = False
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.prompt_tokens + req.generated_tokens - req.computed_tokens, budget)
+            end = req.computed_tokens + n
+            if end > req.blocks * bt:
+                fits, preempted_now = self._grow(req, -(-end // bt) - req.blocks, now_s)
+                preempted = preempted or preempted_now
+                if not fits:
+                    break
+            self._add(plan, req, n)
+            budget -= n
+            i += 1
+        return None if preempted else budget
+
+    def _grow(self, req: Request, need: int, now_s: float) -> tuple[bool, bool]:
+        """Allocate blocks for a running request, preempting the newest ones if needed.
+
+        Returns (request can run, someone was preempted).
+        """
+        preempted = False
+        while not self.gpu.allocate(need):
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted = True
+            if victim is req:
+                return False, True
+        req.blocks += need
+        return True, preempted
+
+    def _add(self, plan: StepPlan, req: Request, n: int) -> None:
+        plan.requests.append(req)
+        plan.tokens.append(n)
+        c = req.computed_tokens
+        if n > 1 or req.generated_tokens == 0 or c + 1 < req.num_tokens:
+            plan.prefill_chunks.append((n, c))
+            req.recomputed_tokens += n
+        plan.kv_tokens += c + n
+
+    def _schedule_waiting(self, now_s: float, plan: StepPlan, budget: int) -> None:
+        """Loaded requests, then the queue in order, while budget and seats last."""
+        bt, gpu = self.block_tokens, self.gpu
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            if self.ready:
+                req = self.ready.popleft()
+                n = min(req.num_tokens - req.computed_tokens, budget)
+                need = -(-(req.computed_tokens + n) // bt) - req.blocks
+                if need > 0 and gpu.allocate(need):
+                    req.blocks += need
+                elif need > 0:  # run what its reserved blocks hold (at least one token)
+                    n = req.blocks * bt - req.computed_tokens
+                self._start_running(plan, req, n)
+            elif self.waiting:
+                n = self._admit(self.waiting[0], now_s, budget, plan)
+                if n < 0:
+                    return
+                self.waiting.popleft()
+            else:
+                return
+            budget -= n
+
+    def _start_running(self, plan: StepPlan, req: Request, n: int) -> None:
+        req.state = RequestState.RUNNING
+        self.running.append(req)
+        self._add(plan, req, n)
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, req: Request, now_s: float, budget: int, plan: StepPlan) -> int:
+        """Admit the queue's head; tokens scheduled now (0 if it waits for a load), -1 if it
+        does not fit."""
+        bt, total = self.block_tokens, req.num_tokens
+        hit_blocks = self.gpu.hit_blocks(req.block_ranges, (total - 1) // bt)
+        gpu_hit = hit_blocks * bt
+        ids, counts, ext_end = self._lookup(req, total, gpu_hit, now_s)
+        loads_async = ext_end > gpu_hit and self.load_async
+        n = 0 if loads_async else min(total - ext_end, budget)
+        # an async load also reserves a slot for one more token, so that a loaded request
+        # can always start (else loading requests could hold every block: a deadlock)
+        need = -(-(ext_end + max(n, 1)) // bt) - hit_blocks
+        if need > self.gpu.available_blocks(req.segment_numbers):
+            return -1
+        self.gpu.pin(req.segment_numbers)
+        self.gpu.allocate(need)
+        req.blocks, req.committed_blocks = hit_blocks + need, hit_blocks
+        req.computed_tokens = gpu_hit
+        first = req.cached_prompt_tokens < 0
+        self._count_admission(req, now_s, total, gpu_hit, ext_end)
+        if counts is not None:
+            self.offload.touch(ids, counts, now_s)
+            req.saved_chunks = sum(counts)
+        if ext_end > gpu_hit:
+            done_s = self._load(req, ids, counts, (gpu_hit, ext_end), now_s, first)
+            if loads_async:
+                req.state, req.pending_tokens = RequestState.LOADING, ext_end
+                self.loading += 1
+                self.new_loads.append(LoadDone(done_s, req))
+                return 0
+            plan.load_wait_s = max(plan.load_wait_s, done_s - now_s)
+            self._land(req, ext_end)
+        self._start_running(plan, req, n)
+        return n
+
+    def _lookup(self, req: Request, total: int, gpu_hit: int,
+                now_s: float) -> tuple[list[int], list[int] | None, int]:
+        """Offload prefix match: (chunk ids, chunks found per store, end of usable hit)."""
+        if self.offload is None:
+            return [], None, gpu_hit
+        ct = self.chunk_tokens
+        ids = unit_ids(req.chunk_ranges, 0, total // ct)
+        counts = self.offload.lookup(ids, now_s)
+        return ids, counts, max(gpu_hit, min(sum(counts) * ct, total - 1))
+
+    def _count_admission(self, req: Request, now_s: float, total: int, gpu_hit: int,
+                         ext_end: int) -> None:
+        c = self.counters
+        c.prefix_queries_tokens += total
+        c.prefix_hits_tokens += gpu_hit
+        if self.offload is not None:
+            c.external_queries_tokens += total - gpu_hit
+            c.external_hits_tokens += ext_end - gpu_hit
+        if req.cached_prompt_tokens < 0:  # first admission: what vLLM reports in usage
+            req.cached_prompt_tokens, req.gpu_hit_tokens = ext_end, gpu_hit
+            req.admitted_s = now_s
+            c.prompt_tokens += req.prompt_tokens
+
+    def _load(self, req: Request, ids: list[int], counts: list[int], span: tuple[int, int],
+              now_s: float, first_admission: bool) -> float:
+        """Start reading tokens [gpu_hit, ext_end) = `span` from the stores; return the done
+        time. Loaded tokens per store are recorded for the first admission only, so that
+        gpu_hit_tokens + sum(loaded_tokens) == cached_prompt_tokens."""
+        ct, (gpu_hit, ext_end) = self.chunk_tokens, span
+        done_s, _ = self.offload.load(ids, counts, gpu_hit // ct, -(-ext_end // ct), now_s)
+        pos = 0
+        for i, found in enumerate(counts):
+            lo, hi = max(gpu_hit, pos * ct), min(ext_end, (pos + found) * ct)
+            if hi > lo and first_admission:
+                req.loaded_tokens[i] += hi - lo
+            pos += found
+        req.load_s += done_s - now_s
+        return done_s
+
+    def _land(self, req: Request, tokens: int) -> None:
+        """Loaded KV is in GPU memory: count it computed and cache its full blocks."""
+        req.computed_tokens = tokens
+        full = tokens // self.block_tokens
+        if full > req.committed_blocks:
+            self.gpu.commit(req.block_ranges, req.committed_blocks, full)
+            req.committed_blocks = full
+
+    def on_load_done(self, req: Request) -> None:
+        """An asynchronous load finished: the request queues for its first chunk."""
+        self._land(req, req.pending_tokens)
+        req.state = RequestState.WAITING
+        self.loading -= 1
+        self.ready.append(req)
+
+    def take_new_loads(self) -> list[LoadDone]:
+        """Load completions started since the last call (the engine queues them)."""
+        loads, self.new_loads = self.new_loads, []
+        return loads
+
+    # ------------------------------------------------------------------ ending a step
+
+    def complete(self, plan: StepPlan, now_s: float) -> list[Request]:
+        """Apply a finished step; return the requests that finished with it."""
+        bt, ct, gpu, offload = self.block_tokens, self.chunk_tokens, self.gpu, self.offload
+        finished, sampled = [], 0
+        for req, n in zip(plan.requests, plan.tokens, strict=True):
+            c = req.computed_tokens = req.computed_tokens + n
+            full = c // bt
+            if full > req.committed_blocks:
+                gpu.commit(req.block_ranges, req.committed_blocks, full)
+                req.committed_blocks = full
+            if offload is not None and c >= (req.saved_chunks + 1) * ct:
+                upto = c // ct
+                offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
+                req.saved_chunks = upto
+            if c == req.prompt_tokens + req.generated_tokens:
+                req.generated_tokens += 1
+                sampled += 1
+                if req.first_token_s != req.first_token_s:  # NaN: this was the prefill
+                    req.first_token_s = now_s
+                if req.generated_tokens >= req.output_tokens:
+                    finished.append(req)
+        self.counters.generation_tokens += sampled
+        for req in finished:
+            self._release(req)
+            req.state, req.finish_s = RequestState.FINISHED, now_s
+        if finished:
+            self.running = [r for r in self.running if r.state == RequestState.RUNNING]
+        return finished
+
+    def _release(self, req: Request) -> None:
+        self.gpu.unpin(req.segment_numbers)
+        self.gpu.free(req.blocks - req.committed_blocks)
+
+    def _preempt(self, req: Request) -> None:
+        """Free a running request's blocks and queue it first for a recompute."""
+        self._release(req)
+        req.computed_tokens = req.blocks = req.committed_blocks = req.saved_chunks = 0
+        req.state = RequestState.WAITING
+        req.preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)

@@ -1,0 +1,46 @@
+"""Duration of one engine step, from the package's roofline (`kvrepro.calc.roofline`).
+
+A step runs every scheduled request once: prefill chunks and single decode tokens together.
+
+* compute part: sum over the step's prefill chunks of
+  `roofline.prefill_time_s(model, gpu, new_tokens, cached_tokens, mfu)`, where cached_tokens
+  is what the chunk attends to before itself (prefix hits, loads and earlier chunks). Decode
+  tokens are left out: at one token per request their FLOPs are orders of magnitude below a
+  step's memory traffic.
+* memory part: `roofline.decode_step_s(model, gpu, kv_tokens)` / decode_efficiency, i.e.
+  the active weights once plus the KV of every scheduled request (after this step's tokens),
+  at the achieved fraction of memory bandwidth.
+* step = max(compute, memory) + step_overhead_s, plus, for synchronous offload loads, the
+  time the step waits for them before its forward pass.
+"""
+
+from __future__ import annotations
+
+from kvrepro.calc.roofline import decode_step_s, prefill_time_s
+from kvrepro.engines.sim.config import ServerProfile
+
+
+class StepTimer:
+    """Step time of one server profile (model and GPU specs built once)."""
+
+    def __init__(self, server: ServerProfile):
+        self.model = server.model_spec()
+        self.gpu = server.gpu_spec()
+        self.mfu = server.mfu
+        self.decode_efficiency = server.decode_efficiency
+        self.overhead_s = server.step_overhead_s
+
+    def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
+        """Prefill compute of (new_tokens, cached_tokens) chunks."""
+        return sum(prefill_time_s(self.model, self.gpu, new, cached, self.mfu)
+                   for new, cached in prefill_chunks)
+
+    def memory_s(self, kv_tokens: int) -> float:
+        """Weights + `kv_tokens` of KV read once, at the achieved bandwidth."""
+        return decode_step_s(self.model, self.gpu, kv_tokens) / self.decode_efficiency
+
+    def step_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
+               wait_s: float = 0.0) -> float:
+        """Whole step: max(compute, memory) + overhead + a synchronous load's wait."""
+        return (max(self.compute_s(prefill_chunks), self.memory_s(kv_tokens))
+                + self.overhead_s + wait_s)

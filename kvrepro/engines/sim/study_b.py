@@ -1,0 +1,325 @@
+"""Study B on the simulator: the B6 prompt-caching microbenchmark and the B7 QPS sweep.
+
+The server is `data/sim/study_b.yaml` (one H100 PCIe, Qwen3-14B BF16, vLLM + LMCache; tiers
+`mem`, `ssd1`..`ssd4`, `opt`, each a single offload store named like the tier, so records
+carry `loaded_tokens_<tier>`). Where each number comes from is written in that file.
+
+* B6 (`b6_records`, `b6_summary`, `run_b6`):
+  `kvrepro.workload.study_b_workloads.microbenchmark` (a fill
+  round, then the same prompts again), on every tier; the TTFT of the measure round's
+  requests, averaged per prompt length and divided by MEM's. The GPU prefix cache must not
+  serve the measure round, or every tier would show the GPU's TTFT and B6 would have no tier
+  differences at all. The study does not say how it kept the GPU out. Here the GPU KV pool
+  is shrunk to one request of the longest prompt (the smallest pool vLLM starts with for
+  that max_model_len), so each prompt is evicted from the GPU long before it is measured:
+  the prefill still has room, and the hit comes from the offload tier, as with vLLM's prefix
+  caching turned off. The real pool (~232K tokens) would hold the whole default fill round
+  (217K tokens) and serve the measure round itself. `b6_records` checks every measured
+  request and raises if the GPU served any part of it.
+* B7 (`b7_workload`, `run_b7`, `b7_differences`): ShareGPT cannot be shipped, so
+  conversations come from the synthetic ShareGPT-shaped generator, scheduled like LMCache's
+  multi-round QA benchmark (`num_users` users, aggregate rate `qps`) with what that
+  benchmark adds to each conversation: a shared system prompt and a per-user history in the
+  first turn. Without the history, contexts stay near 2K tokens, TTFT is tens of ms, B7's
+  throughput axis (K tok/s at <= 0.5 QPS) is out of reach, and the recompute of each
+  context's partial last chunk (LMCache only stores whole chunks) decides the comparison
+  instead of the tier. The GPU KV pool is the real one (~232K tokens), so offload serves a
+  turn only once the other users' traffic has evicted it from the GPU; DRAM and SSD get
+  equal capacity (`with_cache_capacity`).
+* `study_b_headlines` maps both to the reference ids B6.untuned_low/high, B6.opt_low/high
+  and B7.qps_<q>.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvrepro._checks import positive
+from kvrepro._paths import data_file
+from kvrepro.engines.sim.config import SimProfile, load_profile
+from kvrepro.engines.sim.engine import simulate
+from kvrepro.workload.base import Workload
+from kvrepro.workload.study_b_workloads import (
+    MacrobenchSpec,
+    MicrobenchSpec,
+    microbenchmark,
+    schedule_conversations,
+    synthetic_conversations,
+)
+
+B6_TIERS = ("mem", "ssd1", "ssd2", "ssd3", "ssd4", "opt")
+B7_TIERS = ("mem", "opt")
+TIER_LABELS = {"mem": "MEM", "ssd1": "SSDx1", "ssd2": "SSDx2", "ssd3": "SSDx3",
+               "ssd4": "SSDx4", "opt": "OPT"}
+B7_LABELS = {"mem": "Memory", "opt": "OPT (SSDs)"}
+UNTUNED_TIERS = ("ssd1", "ssd2", "ssd3", "ssd4")
+B6_GAP_S = 5.0
+"""Microbenchmark spacing: longer than any single request (a 32K fill prefill is ~4 s), so
+each measured request runs alone and its TTFT is the tier's best case, not a queue."""
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def study_b_profile(path: str | Path | None = None) -> SimProfile:
+    """The study-B server profile (`data/sim/study_b.yaml` unless `path` is given)."""
+    return load_profile(path if path else data_file("sim", "study_b.yaml"))
+
+
+def _rebuild(tree: dict) -> SimProfile:
+    """Validate an edited profile dump again (so an edit cannot break the schema silently)."""
+    return SimProfile.model_validate(tree)
+
+
+def with_gpu_kv_tokens(profile: SimProfile, tokens: int,
+                       max_model_len: int | None = None) -> SimProfile:
+    """A copy of `profile` whose GPU KV pool holds `tokens` tokens (and, if given, whose
+    max_model_len is `max_model_len`: vLLM needs a pool of at least one such request)."""
+    tree = profile.model_dump()
+    kv_bytes = profile.server.model_spec().kv_bytes_per_token
+    tree["server"]["gpu_kv_bytes"] = float(tokens * kv_bytes)
+    if max_model_len is not None:
+        tree["server"]["max_model_len"] = int(max_model_len)
+    return _rebuild(tree)
+
+
+def with_cache_capacity(profile: SimProfile, capacity_gb: float) -> SimProfile:
+    """A copy of `profile` with every offload store holding `capacity_gb` GB.
+
+    B7 compares DRAM and SSD at equal capacity, so one number sets them all.
+    """
+    positive(capacity_gb=capacity_gb)
+    tree = profile.model_dump()
+    for tier in tree["tiers"].values():
+        for store in tier["offload"]:
+            store["capacity_bytes"] = capacity_gb * 1e9
+    return _rebuild(tree)
+
+
+def microbench_profile(profile: SimProfile, spec: MicrobenchSpec,
+                       gpu_kv_tokens: int | None = None) -> SimProfile:
+    """The profile with the GPU KV pool shrunk for B6 (see the module docstring).
+
+    Default: one request of the longest prompt plus its output, rounded up to whole blocks,
+    which is also the max_model_len the run needs; a smaller pool than the fill round's
+    reuse distance makes every measured prompt come from the offload tier.
+    """
+    block = profile.server.block_tokens
+    need = max(spec.prompt_lengths) + spec.output_tokens
+    if need > profile.server.max_model_len:
+        raise ValueError(f"prompt_lengths up to {max(spec.prompt_lengths)} + output exceed "
+                         f"the profile's max_model_len {profile.server.max_model_len}")
+    need = -(-need // block) * block
+    if gpu_kv_tokens is not None and gpu_kv_tokens < need:
+        raise ValueError(f"parameter 'gpu_kv_tokens' ({gpu_kv_tokens}) must hold the longest "
+                         f"request ({need} tokens)")
+    return with_gpu_kv_tokens(profile, gpu_kv_tokens or need, max_model_len=need)
+
+
+# --------------------------------------------------------------------------- B6
+
+
+def _measure_round(workload: Workload, result_records: pd.DataFrame, tier: str) -> pd.DataFrame:
+    """The measure round's records of one tier, with prompt length and offload tokens."""
+    meta = workload.turns[["session_id", "round", "prompt_length"]]
+    rec = result_records.merge(meta, on="session_id", how="left", validate="one_to_one")
+    rec = rec[rec["round"] == "measure"].copy()
+    rec["offload_tokens"] = rec[f"loaded_tokens_{tier}"]
+    return rec
+
+
+def _check_offload_served(rec: pd.DataFrame) -> None:
+    """Raise if the GPU prefix cache served part of a measured prompt, or a request failed."""
+    bad = rec[(rec["gpu_hit_tokens"] > 0) | (rec["error"] != "")
+              | (rec["offload_tokens"] < rec["prompt_tokens"] - 1)]
+    if len(bad):
+        row = bad.iloc[0]
+        raise RuntimeError(
+            f"B6 tier {row['tier']!r}: {len(bad)} measure request(s) not fully served by the "
+            f"offload tier (first: prompt {row['prompt_tokens']}, GPU hit "
+            f"{row['gpu_hit_tokens']}, offload {row['offload_tokens']}, error "
+            f"{row['error']!r}); lower gpu_kv_tokens or space the requests further apart")
+
+
+def b6_records(profile: SimProfile | None = None, spec: MicrobenchSpec | None = None,
+               tiers: Sequence[str] = B6_TIERS,
+               gpu_kv_tokens: int | None = None) -> pd.DataFrame:
+    """Measure-round records of the B6 microbenchmark on each tier, concatenated.
+
+    Each row is one measured request (`tier`, `prompt_length`, `ttft_s`, `gpu_hit_tokens`,
+    `offload_tokens` = `loaded_tokens_<tier>`, ...). Raises if the GPU served any of them.
+    """
+    spec = spec or MicrobenchSpec(gap_s=B6_GAP_S)
+    micro = microbench_profile(profile or study_b_profile(), spec, gpu_kv_tokens)
+    workload = microbenchmark(spec)
+    parts = []
+    for tier in tiers:
+        result = simulate(workload, micro, tier, progress=False)
+        rec = _measure_round(workload, result.records, tier)
+        _check_offload_served(rec)
+        parts.append(rec)
+    return pd.concat(parts, ignore_index=True)
+
+
+def b6_summary(records: pd.DataFrame) -> pd.DataFrame:
+    """Mean measure-round TTFT per tier and prompt length, and its ratio to MEM's.
+
+    Columns: tier, label, prompt_tokens, ttft_s, ttft_mem_s, norm_ttft (= ttft_s /
+    ttft_mem_s, so MEM is 1 by definition), n_requests.
+    """
+    if "mem" not in set(records["tier"]):
+        raise ValueError("B6 normalizes to MEM: the records need tier 'mem'")
+    table = (records.groupby(["tier", "prompt_length"], sort=False)
+             .agg(ttft_s=("ttft_s", "mean"), n_requests=("ttft_s", "size")).reset_index()
+             .rename(columns={"prompt_length": "prompt_tokens"}))
+    mem = table[table.tier == "mem"].set_index("prompt_tokens")["ttft_s"]
+    table["ttft_mem_s"] = table["prompt_tokens"].map(mem)
+    table["norm_ttft"] = table["ttft_s"] / table["ttft_mem_s"]
+    table.insert(1, "label", table["tier"].map(TIER_LABELS).fillna(table["tier"]))
+    return table
+
+
+def run_b6(profile: SimProfile | None = None, spec: MicrobenchSpec | None = None,
+           tiers: Sequence[str] = B6_TIERS, gpu_kv_tokens: int | None = None) -> pd.DataFrame:
+    """B6 end to end: `b6_summary(b6_records(...))`."""
+    return b6_summary(b6_records(profile, spec, tiers, gpu_kv_tokens))
+
+
+# --------------------------------------------------------------------------- B7
+
+
+def b7_workload(qps: float, num_users: int = 20, user_history_tokens: int = 16_000,
+                shared_prefix_tokens: int = 1_000, rounds: int = 11,
+                seed: int = 0) -> Workload:
+    """ShareGPT-shaped conversations with a per-user history, at aggregate rate `qps`.
+
+    The first turn of every conversation carries `user_history_tokens` more tokens (LMCache
+    multi-round QA's user history); all sessions share a `shared_prefix_tokens` system
+    prompt. `rounds` turns per user are scheduled (enough conversations that no user runs
+    out); the caller cuts the run there.
+    """
+    positive(qps=qps, num_users=num_users, rounds=rounds)
+    spec = MacrobenchSpec(source="synthetic", qps=qps, num_users=num_users,
+                          max_conversations=num_users * rounds,
+                          shared_prefix_tokens=shared_prefix_tokens, seed=seed)
+    conversations = synthetic_conversations(spec)
+    first = conversations["turn"] == 0
+    conversations.loc[first, "append_tokens"] += user_history_tokens
+    source = {"format": "synthetic", "user_history_tokens": user_history_tokens}
+    return schedule_conversations(conversations, spec, source)
+
+
+def _b7_point(records: pd.DataFrame, tier: str, qps: float, warmup_s: float,
+              end_s: float) -> dict[str, float | str]:
+    """TTFT and achieved throughput of one run, over its measurement window.
+
+    TTFT: requests sent in [warmup_s, end_s). Throughput: prompt (cached included, as the
+    LMCache benchmark counts them) + output tokens of requests finishing in the window,
+    divided by its length, so a saturated server reads what it delivered, not what it got.
+    """
+    ok = records[records["error"] == ""]
+    sent = ok[~ok["is_warmup"]]
+    done = ok[(ok["finish_s"] >= warmup_s) & (ok["finish_s"] < end_s)]
+    tokens = float((done["prompt_tokens"] + done["output_tokens"]).sum())
+    prompt = float(sent["prompt_tokens"].sum())
+    return {"qps": qps, "tier": tier, "label": B7_LABELS.get(tier, tier),
+            "ttft_mean_s": float(sent["ttft_s"].mean()),
+            "ttft_median_s": float(sent["ttft_s"].median()),
+            "ttft_p90_s": float(sent["ttft_s"].quantile(0.9)),
+            "throughput_tok_s": tokens / (end_s - warmup_s),
+            "offload_hit_frac": float(sent[f"loaded_tokens_{tier}"].sum()) / prompt,
+            "gpu_hit_frac": float(sent["gpu_hit_tokens"].sum()) / prompt,
+            "n_requests": len(sent), "n_failed": int((records["error"] != "").sum())}
+
+
+def run_b7(profile: SimProfile | None = None,
+           qps_values: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5),
+           tiers: Sequence[str] = B7_TIERS, num_users: int = 20,
+           user_history_tokens: int = 16_000, shared_prefix_tokens: int = 1_000,
+           measure_rounds: int = 10, warmup_rounds: int = 1, seed: int = 0,
+           cache_capacity_gb: float | None = None) -> pd.DataFrame:
+    """B7's QPS sweep: one row per (qps, tier) with TTFT and achieved throughput.
+
+    Each run lasts (warmup_rounds + measure_rounds) x num_users / qps seconds of sends (one
+    turn per user per round); requests sent in the warm-up rounds (cold caches) are not
+    measured. `cache_capacity_gb` sets every offload store to the same size (None: the
+    profile's, already equal). Columns: see `_b7_point`, plus `throughput_ktok_s`.
+    """
+    profile = profile or study_b_profile()
+    if cache_capacity_gb is not None:
+        profile = with_cache_capacity(profile, cache_capacity_gb)
+    rows = []
+    for qps in qps_values:
+        gap_s = num_users / qps
+        warmup_s, end_s = warmup_rounds * gap_s, (warmup_rounds + measure_rounds) * gap_s
+        workload = b7_workload(qps, num_users, user_history_tokens, shared_prefix_tokens,
+                               warmup_rounds + measure_rounds + 1, seed)
+        for tier in tiers:
+            result = simulate(workload, profile, tier, duration_s=end_s, warmup_s=warmup_s,
+                              progress=False)
+            rows.append(_b7_point(result.records, tier, qps, warmup_s, end_s))
+    table = pd.DataFrame(rows)
+    table["throughput_ktok_s"] = table["throughput_tok_s"] / 1e3
+    return table
+
+
+def b7_differences(b7: pd.DataFrame, a: str = "opt", b: str = "mem",
+                   column: str = "ttft_mean_s") -> pd.DataFrame:
+    """Per QPS: TTFT of tier `a` vs tier `b` in % (study B7: OPT vs Memory)."""
+    wide = b7.pivot(index="qps", columns="tier", values=column)
+    missing = [t for t in (a, b) if t not in wide.columns]
+    if missing:
+        raise ValueError(f"B7 results lack tier(s) {missing}; have {list(wide.columns)}")
+    out = pd.DataFrame({"qps": wide.index, f"{b}_s": wide[b].to_numpy(),
+                        f"{a}_s": wide[a].to_numpy()})
+    out["diff_pct"] = (out[f"{a}_s"] / out[f"{b}_s"] - 1.0) * 100.0
+    return out.reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- headlines
+
+
+def study_b_headlines(b6: pd.DataFrame, b7: pd.DataFrame | None = None,
+                      untuned_prompt_tokens: int | None = None) -> dict[str, float]:
+    """Study B's reference ids from the B6 summary and the B7 sweep.
+
+    Definitions (B6 ratios are SSD TTFT / MEM TTFT):
+
+    * B6.untuned_low / untuned_high: the smallest / largest ratio over the untuned drive
+      counts (SSDx1..x4) at `untuned_prompt_tokens` (default: the longest prompt, 32K).
+      The study's "1 -> 4 SSDs gave 1.26x-1.92x" names the drive count as what varies; the
+      longest prompt is where loading dominates TTFT. With monotone scaling, low is SSDx4
+      and high is SSDx1.
+    * B6.opt_low / opt_high: smallest / largest OPT ratio over the prompt lengths (OPT is
+      one configuration, so the length is the only thing its range can span).
+    * B7.qps_<q>: (OPT / Memory - 1) x 100 of mean TTFT at each QPS in `b7`.
+    """
+    lengths = sorted(b6["prompt_tokens"].unique())
+    at = untuned_prompt_tokens if untuned_prompt_tokens is not None else lengths[-1]
+    untuned = b6[b6.tier.isin(UNTUNED_TIERS) & (b6.prompt_tokens == at)]["norm_ttft"]
+    opt = b6[b6.tier == "opt"]["norm_ttft"]
+    out: dict[str, float] = {}
+    if len(untuned):
+        out.update({"B6.untuned_low": float(untuned.min()),
+                    "B6.untuned_high": float(untuned.max())})
+    if len(opt):
+        out.update({"B6.opt_low": float(opt.min()), "B6.opt_high": float(opt.max())})
+    if b7 is not None and len(b7):
+        for row in b7_differences(b7).itertuples():
+            out[f"B7.qps_{_qps_id(row.qps)}"] = float(row.diff_pct)
+    return out
+
+
+def _qps_id(qps: float) -> str:
+    """0.1 -> "0.1" (the reference ids' spelling)."""
+    return f"{np.round(qps, 6):g}"
+
+
+__all__ = ["B6_TIERS", "B7_LABELS", "B7_TIERS", "TIER_LABELS", "b6_records", "b6_summary",
+           "b7_differences", "b7_workload", "microbench_profile", "run_b6", "run_b7",
+           "study_b_headlines", "study_b_profile", "with_cache_capacity",
+           "with_gpu_kv_tokens"]
