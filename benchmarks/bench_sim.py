@@ -9,7 +9,7 @@ Python allocations (tracemalloc roughly doubles the run time, so it is not used 
 `--profile` adds a cProfile of the one-tier run (top functions by own time).
 
 It simulates what `make reproduce` simulates: the calibrated study-A profile
-(`data/sim/study_a.yaml`) on study A's workload with the fitted 60 s mean pause
+(`data/servers/study_a.yaml`) on study A's workload with the fitted 60 s mean pause
 (`kvrepro.engines.sim.study_a.STUDY_A_PAUSE`).
 """
 
@@ -29,7 +29,7 @@ from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
 from kvrepro.workload import AgenticSpec, generate_agentic
 from kvrepro.workload.base import Workload
 
-PROFILE = Path(__file__).resolve().parents[1] / "data" / "sim" / "study_a.yaml"
+PROFILE = Path(__file__).resolve().parents[1] / "data" / "servers" / "study_a.yaml"
 TIERS = ("baseline", "dram", "flash")
 
 

@@ -1,8 +1,8 @@
 """Command line.
 
   kvrepro reproduce [--only NAME] [-p key=value]      run every notebook, figures + numbers
-  kvrepro run live --tiers FILE [--tier NAME] ...     deploy vLLM tiers and replay a workload
-  kvrepro run sim --profile FILE [--tier NAME] [-p key=value] ...   the same on the simulator
+  kvrepro run live --server FILE [--tier NAME] [-p key=value] ...  deploy vLLM tiers, replay
+  kvrepro run sim --server FILE [--tier NAME] [-p key=value] ...   the same on the simulator
       [--flash-profile MEASURED.yaml [--flash-store NAME]]          with a measured flash tier
 """
 
@@ -57,14 +57,22 @@ def _out_dir(given: str | None, engine: str) -> Path:
     return Path(given or f"runs/{engine}-{stamp}")
 
 
+def _server(args: argparse.Namespace) -> Any:
+    """The server spec of a `run` command, with its -p what-if overrides."""
+    from kvrepro.reproduce import parse_overrides
+    from kvrepro.tier_spec import load_server, override_server
+
+    return override_server(load_server(args.server), parse_overrides(args.param))
+
+
 def _run_live(args: argparse.Namespace) -> int:
     from kvrepro.engines.live.runner import LiveOptions, run_campaign
-    from kvrepro.engines.live.tiers import load_tiers
+    from kvrepro.engines.live.tiers import live_tiers
 
     try:
-        tiers = load_tiers(args.tiers)
+        tiers = live_tiers(_server(args))
         names = args.tier or list(tiers)
-        _check_tiers(names, tiers, args.tiers)
+        _check_tiers(names, tiers, args.server)
         workload = _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run live: {err}", file=sys.stderr)
@@ -98,14 +106,12 @@ def _with_flash_profile(profile: Any, args: argparse.Namespace) -> Any:
 
 def _run_sim(args: argparse.Namespace) -> int:
     from kvrepro import analysis
-    from kvrepro.engines.sim import load_profile
-    from kvrepro.engines.sim.campaign import override_profile, simulate_campaign
-    from kvrepro.reproduce import parse_overrides
+    from kvrepro.engines.sim import sim_profile
+    from kvrepro.engines.sim.campaign import simulate_campaign
 
     try:
-        profile = _with_flash_profile(load_profile(args.profile), args)
-        profile = override_profile(profile, parse_overrides(args.param))
-        _check_tiers(args.tier or [], profile.tiers, args.profile)
+        profile = _with_flash_profile(sim_profile(_server(args)), args)
+        _check_tiers(args.tier or [], profile.tiers, args.server)
         workload = _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run sim: {err}", file=sys.stderr)
@@ -140,27 +146,35 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                              "has one request in flight at most)")
 
 
+OVERRIDE_HELP = ("server spec override: a dotted path (twin.mfu=0.3, "
+                 "tiers.dram.stores.0.eviction=ttl) or dram_gb / flash_gb / staging_gb "
+                 "(repeatable)")
+
+
 def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     run = sub.add_parser("run", help="run a workload on an engine")
     engines = run.add_subparsers(dest="engine", required=True)
     live = engines.add_parser("live", help="deploy vLLM tiers (one after another) and drive them")
-    live.add_argument("--tiers", required=True, help="tier file, e.g. data/tiers/cpu_tiny.yaml")
+    live.add_argument("--server", "--tiers", dest="server", required=True,
+                      help="server spec, e.g. data/servers/cpu_tiny.yaml")
     live.add_argument("--tier", action="append", help="tier name (repeatable; default: all)")
+    live.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                      help=OVERRIDE_HELP)
     _add_workload_args(live)
     live.add_argument("--request-timeout-s", type=float, default=600.0)
     live.add_argument("--sample-interval-s", type=float, default=2.0)
     live.add_argument("--out", help="campaign folder (default runs/live-<UTC time>)")
     live.set_defaults(func=_run_live)
     sim = engines.add_parser("sim", help="simulate tiers (digital twin) on a workload")
-    sim.add_argument("--profile", required=True, help="profile file, e.g. data/sim/study_a.yaml")
+    sim.add_argument("--server", "--profile", dest="server", required=True,
+                     help="server spec, e.g. data/servers/study_a.yaml")
     sim.add_argument("--tier", action="append", help="tier name (repeatable; default: all)")
     sim.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
-                     help="profile override: dotted path (server.mfu=0.3) or dram_gb / "
-                          "flash_gb / staging_gb (repeatable)")
+                     help=OVERRIDE_HELP)
     sim.add_argument("--flash-profile", metavar="FILE",
                      help="measured flash tier (notebook 11 / kvrepro.storage.profile): its "
                           "bandwidths and per-chunk latencies replace those of the stores "
-                          "named by --flash-store; -p overrides still apply after it")
+                          "named by --flash-store (after the -p overrides)")
     sim.add_argument("--flash-store", action="append", metavar="NAME",
                      help="offload store(s) that get --flash-profile (repeatable; "
                           "default: every store named 'flash')")

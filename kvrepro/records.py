@@ -26,6 +26,8 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from kvrepro._checks import require_columns
+
 RECORD_COLUMNS: dict[str, str] = {
     "session_id": "int64",
     "turn": "int64",
@@ -183,12 +185,17 @@ def _records_frame(rows: list[dict[str, Any]], path: Path) -> pd.DataFrame:
         except ValueError as err:
             raise ValueError(f"{path}:{line}: {err}") from None
     rows = checked
-    df = pd.DataFrame(rows, columns=list(dict.fromkeys([*RECORD_COLUMNS, *_extra(rows)])))
-    df = df.astype({k: v for k, v in RECORD_COLUMNS.items() if v not in ("float64",)})
+    return typed_records(pd.DataFrame(rows, columns=list(dict.fromkeys([*RECORD_COLUMNS,
+                                                                         *_extra(rows)]))))
+
+
+def typed_records(df: pd.DataFrame) -> pd.DataFrame:
+    """Records as every engine's frame has them: `RECORD_COLUMNS` cast to their dtypes, a
+    missing `error` as "", and `ttft_s` (first_token_s - send_s) added. Other columns (an
+    engine's extras) are kept as they are; `df` itself is not changed."""
+    df = df.astype({k: v for k, v in RECORD_COLUMNS.items() if v != "float64"})
     df = df.astype({k: "float64" for k, v in RECORD_COLUMNS.items() if v == "float64"})
-    df["error"] = df["error"].fillna("")
-    df["ttft_s"] = df.first_token_s - df.send_s
-    return df
+    return df.assign(error=df["error"].fillna(""), ttft_s=df.first_token_s - df.send_s)
 
 
 def _extra(rows: list[dict[str, Any]]) -> list[str]:
@@ -224,8 +231,8 @@ def read_run(run_dir: str | Path, strict: bool = True) -> Run:
         sample_rows, sample_problems = read_jsonl(sam_path, strict)
         problems += sample_problems
         samples = pd.DataFrame(sample_rows)
-        if len(samples) and "time_s" not in samples:
-            raise ValueError(f"{sam_path}: samples lack 'time_s'")
+        if len(samples):
+            require_columns(samples, SAMPLE_REQUIRED, str(sam_path))
     return Run(run_dir, records, samples, meta, problems)
 
 

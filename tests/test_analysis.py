@@ -190,6 +190,38 @@ def test_plateau_default_last_third_and_window() -> None:
     assert an.retained_share(data)["flash"] == pytest.approx(28 / 30)
 
 
+def test_late_window_is_the_last_third() -> None:
+    assert an.late_window(5400) == (3600, 5400)
+    assert an.late_window(90.0) == (60.0, 90.0)
+    with pytest.raises(ValueError, match="run_s"):
+        an.late_window(0)
+
+
+def test_late_bins_select_by_bin_centre() -> None:
+    data = binned({"dram": [1, 2, 3, 4, 5, 6, 7]})  # 7 bins of 60 s, run end 420
+    # the late window is [280, 420]: centres 270 (bin 4) is out, 330 and 390 are in
+    assert an.late_bins(data).total_tok_s.tolist() == [6, 7]
+    # run_s = 360: window [240, 360], centres 270 and 330 (bins 4, 5) are in, 390 is out
+    assert an.late_bins(data, run_s=360).total_tok_s.tolist() == [5, 6]
+    assert an.window_bins(data, 90, 150).total_tok_s.tolist() == [2, 3]  # centres 90, 150
+    assert an.plateau(data)["dram"] == pytest.approx(6.5)  # the late bins' mean
+
+
+def test_sweep_summary_late_level_is_the_late_bins_mean() -> None:
+    from kvrepro.engines.sim.campaign import _summary
+
+    # one request per 300 s bin over 2700 s (9 bins), first token == finish at the centre:
+    # bin i runs at 1 + i + 1/300 tok/s; a 3-bin median of a rising curve keeps every inner
+    # bin and averages the two values of each end bin; the late bins are 6, 7, 8
+    rows = [rec(tier="dram", send_s=150 + 300 * i, first_token_s=150 + 300 * i,
+                finish_s=150 + 300 * i, output_tokens=300 * (1 + i), prompt_tokens=1)
+            for i in range(9)]
+    got = _summary(frame(rows), pd.DataFrame({"time_s": [0.0]}), None, None, 2700.0)
+    smoothed = [1 + i + 1 / 300 for i in range(9)]
+    smoothed[0], smoothed[-1] = smoothed[0] + 0.5, smoothed[-1] - 0.5  # partial windows
+    assert got["late_tok_s"] == pytest.approx(sum(smoothed[6:]) / 3)
+
+
 def test_gain_over_baseline_uses_the_baseline_in_the_peak_bin() -> None:
     data = binned({"baseline": [10, 12, 14, 20], "dram": [10, 20, 35, 21]})
     gains = an.gain_over_baseline_at_peak(data)
@@ -224,14 +256,53 @@ def test_early_spread_is_max_relative_spread_in_window() -> None:
     assert an.early_spread(data, window_s=180) > 0.5
 
 
-def test_fill_time_first_sample_reaching_the_fraction() -> None:
+def test_fill_time_without_counters_is_the_first_sample_holding_whole_chunk_capacity() -> None:
+    # live-like samples: bytes used only
     samples = pd.DataFrame({"time_s": [0, 30, 60, 90, 0, 30],
                             "tier": ["dram"] * 4 + ["flash"] * 2,
                             "dram_bytes_used": [0, 400, 490, 500, 500, 500]})
-    assert an.fill_time_s(samples, "dram_bytes_used", 500, tier="dram") == 60
-    assert an.fill_time_s(samples, "dram_bytes_used", 500, fraction=1.0, tier="dram") == 90
+    assert an.fill_time_s(samples, "dram_bytes_used", 500, tier="dram") == 90
+    # 500 B in 150 B chunks holds 3 chunks, 450 B: full from the 490 B sample on
+    assert an.fill_time_s(samples, "dram_bytes_used", 500, tier="dram", chunk_bytes=150) == 60
     assert an.fill_time_s(samples, "dram_bytes_used", 500) == 0  # all tiers
     assert math.isnan(an.fill_time_s(samples, "dram_bytes_used", 1000, tier="dram"))
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        an.fill_time_s(samples, "dram_bytes_used", tier="dram")
+    # the samples' own whole-chunk capacity wins over the configured one
+    with_cap = samples.assign(dram_capacity_bytes=400)
+    assert an.fill_time_s(with_cap, "dram_bytes_used", 500, tier="dram") == 30
+
+
+def test_fill_time_from_the_simulator_s_eviction_counters() -> None:
+    # bytes reach the capacity at 60 s, but the first chunk is only evicted by 90 s; the
+    # flash tier has no dram store (NaN counters), the second dram run refuses instead
+    samples = pd.DataFrame({
+        "time_s": [0, 30, 60, 90, 120, 0, 30, 0, 30, 60],
+        "tier": ["dram"] * 5 + ["flash"] * 2 + ["keep"] * 3,
+        "dram_bytes_used": [0, 400, 500, 500, 500, np.nan, np.nan, 0, 500, 500],
+        "dram_capacity_bytes": [500] * 5 + [np.nan] * 2 + [500] * 3,
+        "dram_evicted_chunks": [0, 0, 0, 2, 9, np.nan, np.nan, 0, 0, 0],
+        "dram_rejected_chunks": [0, 0, 0, 0, 0, np.nan, np.nan, 0, 0, 4]})
+    assert an.fill_time_s(samples, "dram_bytes_used", tier="dram") == 90
+    assert an.fill_time_s(samples, "dram_bytes_used", 10e9, tier="dram") == 90  # not bytes
+    assert an.fill_time_s(samples, "dram_bytes_used", tier="keep") == 60
+    assert math.isnan(an.fill_time_s(samples, "dram_bytes_used", 500, tier="flash"))
+    assert an.fill_time_s(samples, "dram_bytes_used") == 60  # the earliest of all tiers
+
+
+def test_fill_time_exact_from_a_simulated_run_s_stats() -> None:
+    samples = pd.DataFrame({"time_s": [0, 30], "dram_bytes_used": [0, 500],
+                            "dram_evicted_chunks": [0, 3]})
+    nan = math.nan
+    got = an.fill_time_s(samples, "dram_bytes_used",
+                         stats={"dram_first_eviction_s": 12.5, "dram_first_refusal_s": nan})
+    assert got == 12.5
+    assert an.fill_time_s(samples, "dram_bytes_used", stats={
+        "dram_first_eviction_s": 20.0, "dram_first_refusal_s": 17.0}) == 17.0
+    assert math.isnan(an.fill_time_s(samples, "dram_bytes_used", stats={
+        "dram_first_eviction_s": nan, "dram_first_refusal_s": nan}))
+    # stats of another store say nothing about this one: the samples' counters decide
+    assert an.fill_time_s(samples, "dram_bytes_used", stats={"flash_first_eviction_s": 1}) == 30
 
 
 # ---------------------------------------------------------------- study A in one call
@@ -257,7 +328,7 @@ def three_tiers() -> tuple[pd.DataFrame, pd.DataFrame]:
                             is_warmup=i == 0, is_resume=i in (3, 4), session_id=i))
     samples = pd.DataFrame({"time_s": [0, 60, 120, 180, 240, 60],
                             "tier": ["dram"] * 5 + ["flash"],
-                            "dram_bytes_used": [0, 100, 300, 490, 500, 500]})
+                            "dram_bytes_used": [0, 100, 300, 500, 500, 500]})
     return frame(rows), samples
 
 
@@ -370,5 +441,7 @@ def test_other_bad_parameters() -> None:
         an.plateau(data, smooth_bins=3, how="mode")
     with pytest.raises(ValueError, match="nvme"):
         an.crossover_time_s(data, "nvme", "dram")
-    with pytest.raises(ValueError, match="fraction"):
-        an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", 10, fraction=1.5)
+    with pytest.raises(ValueError, match="capacity_bytes"):
+        an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", -10)
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", 10, chunk_bytes=0)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from kvrepro import cli
 
-TIERS = str(Path(__file__).resolve().parents[1] / "data" / "tiers" / "cpu_tiny.yaml")
+TIERS = str(Path(__file__).resolve().parents[1] / "data" / "servers" / "cpu_tiny.yaml")
 
 
 def test_unknown_tier_is_named(capsys) -> None:
@@ -27,7 +27,7 @@ def test_missing_tier_file(capsys, tmp_path) -> None:
     assert "none.yaml" in capsys.readouterr().err
 
 
-PROFILE = str(Path(__file__).resolve().parents[1] / "data" / "sim" / "study_a.yaml")
+PROFILE = str(Path(__file__).resolve().parents[1] / "data" / "servers" / "study_a.yaml")
 
 
 def test_run_sim_writes_run_folders(tmp_path, capsys) -> None:

@@ -23,7 +23,7 @@ from kvrepro.storage import profile as sp
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT / "tests" / "sim" / "profile_small.yaml"
-STUDY_A = ROOT / "data" / "sim" / "study_a.yaml"
+STUDY_A = ROOT / "data" / "servers" / "study_a.yaml"
 SMALL_CHUNK = 256 * 2048  # profile_small: 2,048 B per token, default 256-token chunks
 
 

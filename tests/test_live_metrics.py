@@ -399,5 +399,6 @@ def test_counter_rates_counts_a_late_labelled_series_from_zero() -> None:
 
 
 def test_counter_rates_names_a_missing_column() -> None:
-    with pytest.raises(KeyError, match="preemptions"):
+    with pytest.raises(ValueError,
+                       match=r"counter_rates: data lacks column\(s\) \['preemptions'\]"):
         counter_rates(_frame(), ["preemptions"])

@@ -3,9 +3,18 @@
 import json
 import math
 
+import pandas as pd
 import pytest
 
-from kvrepro.records import RECORD_COLUMNS, RunWriter, read_jsonl, read_run, read_runs
+from kvrepro.engines.sim.outputs import OutputSink
+from kvrepro.records import (
+    RECORD_COLUMNS,
+    RunWriter,
+    read_jsonl,
+    read_run,
+    read_runs,
+    typed_records,
+)
 
 
 def _record(i: int, tier: str = "dram", **extra) -> dict:
@@ -100,3 +109,33 @@ def test_read_runs_concatenates_tiers(tmp_path) -> None:
 def test_not_a_run_folder(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="no records.jsonl"):
         read_run(tmp_path)
+
+
+def test_typed_records_casts_fills_error_and_adds_ttft() -> None:
+    raw = pd.DataFrame([{**_record(1), "cached_prompt_tokens": 800, "is_resume": 0,
+                         "is_warmup": 1, "error": None, "gpu_hit_tokens": 7},
+                        {**_record(2), "cached_prompt_tokens": None, "is_resume": 1,
+                         "is_warmup": 0, "error": "timeout", "gpu_hit_tokens": 3}],
+                       dtype=object)
+    df = typed_records(raw)
+    assert {c: str(df[c].dtype) for c in df.columns} == {
+        "session_id": "int64", "turn": "int64", "tier": "object", "engine": "object",
+        "send_s": "float64", "first_token_s": "float64", "finish_s": "float64",
+        "prompt_tokens": "int64", "cached_prompt_tokens": "float64", "output_tokens": "int64",
+        "is_resume": "bool", "is_warmup": "bool", "error": "object",
+        "gpu_hit_tokens": "object", "ttft_s": "float64"}
+    assert df.error.tolist() == ["", "timeout"]
+    assert df.ttft_s.tolist() == [0.5, 0.5]
+    assert df.cached_prompt_tokens.iloc[0] == 800.0 and math.isnan(df.cached_prompt_tokens[1])
+    assert df.is_resume.tolist() == [False, True]
+    assert raw.error.iloc[0] is None  # the input is left as it was
+
+
+def test_simulated_records_are_typed_as_a_run_folder_reads_back(tmp_path) -> None:
+    with OutputSink(tmp_path / "run", {"engine": "sim"}) as sink:
+        for i in range(3):
+            sink.add_record({**_record(i), "is_resume": i == 1, "is_warmup": False,
+                             "error": "", "gpu_hit_tokens": 100 * i})
+        in_memory = sink.records_frame()
+        sink.finish({})
+    pd.testing.assert_frame_equal(in_memory, read_run(tmp_path / "run").records)

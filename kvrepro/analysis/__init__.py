@@ -1,8 +1,8 @@
 """Analysis: from what an engine or a trace produced to the studies' curves and numbers.
 
 * `runs`: request records of any engine (live or simulated) -> throughput and TTFT over
-  time, resume statistics, peak / plateau / fill time, study A's headlines (A2-A5). Its
-  public functions are re-exported here (`analysis.throughput_over_time`, ...);
+  time, resume statistics, peak / plateau / late window / fill time, study A's headlines
+  (A2-A5). Its public functions are re-exported here (`analysis.throughput_over_time`, ...);
 * `block_traces`: block-hash traces -> KV working set under a TTL (B2), write volume, reuse;
 * `token_mix`: Claude Code telemetry -> the token mix of agentic coding (A1).
 """
@@ -18,6 +18,8 @@ from kvrepro.analysis.runs import (
     early_spread,
     fill_time_s,
     gain_over_baseline_at_peak,
+    late_bins,
+    late_window,
     peak,
     plateau,
     prompt_split,
@@ -27,10 +29,11 @@ from kvrepro.analysis.runs import (
     study_a_headlines,
     throughput_over_time,
     ttft_over_time,
+    window_bins,
 )
 
 __all__ = ["RATE_COLUMNS", "RESUME_COLUMNS", "SPLIT_COLUMNS", "TTFT_COLUMNS", "StudyASettings",
            "common_resume_sessions", "crossover_time_s", "early_spread", "fill_time_s",
-           "gain_over_baseline_at_peak", "peak", "plateau", "prompt_split", "resume_stats",
-           "retained_share", "smooth_rates", "study_a_headlines", "throughput_over_time",
-           "ttft_over_time"]
+           "gain_over_baseline_at_peak", "late_bins", "late_window", "peak", "plateau",
+           "prompt_split", "resume_stats", "retained_share", "smooth_rates", "study_a_headlines",
+           "throughput_over_time", "ttft_over_time", "window_bins"]

@@ -26,21 +26,25 @@ Rules, stated once because every curve and headline depends on them:
   `smooth_bins` bins per tier, with partial windows at the ends (use an odd `smooth_bins`).
   It is applied to the binned rates before taking peaks, plateaus, ratios or crossovers, so
   one noisy minute does not become a headline.
-* Plateau windows select bins by their centre; the default window is the last third of the
-  run, where study A reads its "after saturation" levels.
+* Windows select bins by their centre (`window_bins`: a bin is in [t0, t1] when its centre
+  is). The *late window* of a run lasting `run_s` is its last third, [2/3 run_s, run_s]
+  (`late_window`, `late_bins`): plateaus default to it, and study A reads its "after
+  saturation" levels there.
+* A store's fill time is when it first evicted (or, keeping what it holds when full, first
+  refused) a chunk; `fill_time_s` says what it reads that from.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvrepro._checks import non_negative, positive
+from kvrepro._checks import non_negative, positive, require_columns
 
 RATE_COLUMNS = ("total_tok_s", "output_tok_s", "prompt_tok_s", "cached_prompt_tok_s",
                 "computed_prompt_tok_s")
@@ -57,13 +61,6 @@ RESUME_COLUMNS = ("tier", "n_normal", "normal_ttft_median_s", "n_resumes", "n_re
 
 
 # ---------------------------------------------------------------- input checks and helpers
-
-def _require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
-    """Fail early, naming every missing column, instead of a KeyError deep inside pandas."""
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what}: input lacks column(s) {missing}")
-
 
 def _succeeded(records: pd.DataFrame) -> pd.Series:
     """Boolean mask of requests that produced a first token without an error."""
@@ -155,7 +152,7 @@ def throughput_over_time(records: pd.DataFrame, bin_s: float = 60.0,
     share the same bins (run end = `run_s` or the latest `finish_s` of any tier), so their
     curves can be compared bin by bin.
     """
-    _require_columns(records, _THROUGHPUT_NEEDS, "throughput_over_time")
+    require_columns(records, _THROUGHPUT_NEEDS, "throughput_over_time")
     positive(bin_s=bin_s)
     run_end_s = _run_end_s(records["finish_s"], run_s, "throughput_over_time")
     edges = _bin_edges(run_end_s, bin_s)
@@ -191,7 +188,7 @@ def ttft_over_time(records: pd.DataFrame, bin_s: float = 60.0, exclude_warmup: b
     linearly) and are NaN in bins without any. Bins run from 0 to `run_s` or the latest send
     time of any tier. `exclude_warmup` drops requests flagged `is_warmup`.
     """
-    _require_columns(records, _TTFT_NEEDS + (["is_warmup"] if exclude_warmup else []),
+    require_columns(records, _TTFT_NEEDS + (["is_warmup"] if exclude_warmup else []),
                      "ttft_over_time")
     positive(bin_s=bin_s)
     run_end_s = _run_end_s(records["send_s"], run_s, "ttft_over_time")
@@ -214,7 +211,7 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
     passes silently. Returns `tier, n_requests, prompt_tokens, cached_prompt_tokens,
     computed_prompt_tokens, hit_share, n_cached_unknown`.
     """
-    _require_columns(records, _THROUGHPUT_NEEDS, "prompt_split")
+    require_columns(records, _THROUGHPUT_NEEDS, "prompt_split")
     rows = []
     for tier in _tiers(records):
         part = records[(records["tier"] == tier) & _succeeded(records)]
@@ -244,7 +241,7 @@ def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True,
     gets further through the same workload, and its extra, later resumes would otherwise be
     compared with nothing in the slow tiers.
     """
-    _require_columns(records, _TTFT_NEEDS + ["is_resume", "session_id"]
+    require_columns(records, _TTFT_NEEDS + ["is_resume", "session_id"]
                      + (["is_warmup"] if exclude_warmup else []), "resume_stats")
     data = records[~records["is_warmup"].astype(bool)] if exclude_warmup else records
     if common_sessions:
@@ -286,7 +283,7 @@ def smooth_rates(binned: pd.DataFrame, smooth_bins: int = 1, how: str = "median"
         raise ValueError(f"parameter 'smooth_bins' must be an integer >= 1, got {smooth_bins!r}")
     if how not in _SMOOTH_HOWS:
         raise ValueError(f"parameter 'how' must be one of {_SMOOTH_HOWS}, got {how!r}")
-    _require_columns(binned, ["tier", "bin_start_s"], "smooth_rates")
+    require_columns(binned, ["tier", "bin_start_s"], "smooth_rates")
     out = binned.copy()
     cols = list(columns) if columns is not None else [c for c in RATE_COLUMNS if c in binned]
     if smooth_bins == 1 or not cols:
@@ -299,7 +296,7 @@ def smooth_rates(binned: pd.DataFrame, smooth_bins: int = 1, how: str = "median"
 
 
 def _prepared(binned: pd.DataFrame, column: str, smooth_bins: int, how: str) -> pd.DataFrame:
-    _require_columns(binned, ["tier", "bin_start_s", "bin_end_s", column], "binned throughput")
+    require_columns(binned, ["tier", "bin_start_s", "bin_end_s", column], "binned throughput")
     return smooth_rates(binned, smooth_bins, how, [column])
 
 
@@ -333,24 +330,54 @@ def peak(binned: pd.DataFrame, column: str = "total_tok_s", smooth_bins: int = 1
     return pd.DataFrame(rows)
 
 
+def late_window(run_s: float) -> tuple[float, float]:
+    """(t0_s, t1_s) of the late window of a run lasting `run_s`: its last third.
+
+    The one definition of "late in the run" (plateaus, the what-if sweep's late level, the
+    notebooks); select its bins with `late_bins` (or `window_bins`), i.e. by their centre.
+    """
+    positive(run_s=run_s)
+    return 2 * run_s / 3, float(run_s)
+
+
+def window_bins(binned: pd.DataFrame, t0_s: float, t1_s: float) -> pd.DataFrame:
+    """The rows of `binned` whose bin centre, (bin_start_s + bin_end_s) / 2, is in [t0_s, t1_s].
+
+    By the centre, so that a bin straddling t0_s counts only when mostly inside.
+    """
+    require_columns(binned, ["bin_start_s", "bin_end_s"], "window_bins")
+    centre_s = (binned["bin_start_s"] + binned["bin_end_s"]) / 2
+    return binned[(centre_s >= t0_s) & (centre_s <= t1_s)]
+
+
+def late_bins(binned: pd.DataFrame, run_s: float | None = None) -> pd.DataFrame:
+    """The rows of `binned` in the late window (`late_window`), selected by bin centre.
+
+    `run_s` defaults to the end of the binned run (its last `bin_end_s`).
+    """
+    require_columns(binned, ["bin_start_s", "bin_end_s"], "late_bins")
+    if run_s is None:
+        run_s = float(binned["bin_end_s"].max())
+    return window_bins(binned, *late_window(run_s))
+
+
 def _window_s(binned: pd.DataFrame, t0_s: float | None,
               t1_s: float | None) -> tuple[float, float]:
-    """[t0, t1] with the defaults: the last third of the run."""
-    run_end_s = float(binned["bin_end_s"].max())
-    return (run_end_s * 2 / 3 if t0_s is None else t0_s, run_end_s if t1_s is None else t1_s)
+    """[t0, t1]; a missing end comes from the late window of the binned run."""
+    late_t0_s, late_t1_s = late_window(float(binned["bin_end_s"].max()))
+    return (late_t0_s if t0_s is None else t0_s, late_t1_s if t1_s is None else t1_s)
 
 
 def plateau(binned: pd.DataFrame, column: str = "total_tok_s", t0_s: float | None = None,
             t1_s: float | None = None, smooth_bins: int = 1, how: str = "median") -> pd.Series:
     """Mean rate per tier over the bins whose centre lies in [t0_s, t1_s].
 
-    The default window is the last third of the run: study A reads its settled levels
-    ("after saturation", "the second half of the run") there. NaN when no bin falls inside.
+    The default window is the late window (`late_window`, the last third of the run): study
+    A reads its settled levels ("after saturation", "the second half of the run") there. NaN
+    when no bin falls inside.
     """
     data = _prepared(binned, column, smooth_bins, how)
-    t0_s, t1_s = _window_s(data, t0_s, t1_s)
-    centre_s = (data["bin_start_s"] + data["bin_end_s"]) / 2
-    inside = data[(centre_s >= t0_s) & (centre_s <= t1_s)]
+    inside = window_bins(data, *_window_s(data, t0_s, t1_s))
     means = inside.groupby("tier", sort=False)[column].mean()
     return means.reindex(_tiers(data)).rename(f"{column}_plateau")
 
@@ -419,22 +446,88 @@ def early_spread(binned: pd.DataFrame, column: str = "total_tok_s", window_s: fl
     return float(spread.max()) if len(spread) else math.nan
 
 
-def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float,
-                fraction: float = 0.98, tier: str | None = None) -> float:
-    """First sample time at which `column` (bytes used) reaches `fraction` of capacity.
+def _store_of(column: str) -> str | None:
+    """The store a bytes-used column `<store>_bytes_used` belongs to (None: another name)."""
+    return column.removesuffix("_bytes_used") if column.endswith("_bytes_used") else None
 
-    A tier is "full" a little before 100 %: eviction keeps it just under its size, so an
-    exact-capacity test could never fire. `tier` selects one tier's samples (they carry a
-    `tier` column when read with `read_runs`). NaN if it never fills.
+
+def _exact_fill_s(stats: Mapping[str, Any], store: str) -> float | None:
+    """The earlier of a run's first eviction and first refusal (None: stats lack both)."""
+    times = [stats.get(f"{store}_first_eviction_s"), stats.get(f"{store}_first_refusal_s")]
+    known = [float(t) for t in times if t is not None]
+    if not known:
+        return None
+    finite = [t for t in known if math.isfinite(t)]
+    return min(finite) if finite else math.nan
+
+
+def _fill_counters(data: pd.DataFrame, store: str | None) -> list[str]:
+    """The simulator's cumulative eviction / refusal counters of `store` present in `data`."""
+    if store is None:
+        return []
+    names = (f"{store}_evicted_chunks", f"{store}_rejected_chunks")
+    return [c for c in names if c in data.columns and data[c].notna().any()]
+
+
+def _capacity_column(data: pd.DataFrame, store: str | None) -> str | None:
+    name = f"{store}_capacity_bytes"
+    return name if store is not None and name in data.columns and data[name].notna().any() \
+        else None
+
+
+def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float | None = None, *,
+                tier: str | None = None, chunk_bytes: float | None = None,
+                stats: Mapping[str, Any] | None = None) -> float:
+    """When an offload store filled: the time it first evicted a chunk, or, for a store that
+    keeps what it holds when full (eviction "none"), first refused one. NaN if it never did.
+
+    The one definition of a tier's fill time (study A's "DRAM full at ~45 min", A2's fill
+    marker, the what-if sweeps). `column` is the store's bytes-used column,
+    `<store>_bytes_used`; the store's other columns are found by that prefix. `tier`
+    selects one tier's samples (samples of several tiers carry a `tier` column, as
+    `read_runs` and `simulate_campaign` return them). The time comes from the best evidence
+    at hand:
+
+    1. `stats` of one simulated run (`SimResult.stats`, or `meta["stats"]` of its run
+       folder) with `<store>_first_eviction_s` / `<store>_first_refusal_s`: exact, the
+       earlier of the two;
+    2. else the simulator's cumulative counters in the samples, `<store>_evicted_chunks`
+       and `<store>_rejected_chunks`: the first sample time at which either is above 0 (the
+       exact time rounded up to the next sample);
+    3. else, for live runs (vLLM's samples have no eviction counter): the first sample whose
+       bytes used reach the store's capacity in whole chunks: `<store>_capacity_bytes` when
+       the samples carry it, else `capacity_bytes` rounded down to a multiple of
+       `chunk_bytes` (as given when `chunk_bytes` is None). A store holding that much has
+       no room for another chunk, so its next write evicts: this is the fill time to within
+       that write and the sampling interval.
     """
-    _require_columns(samples, ["time_s", column] + (["tier"] if tier is not None else []),
-                     "fill_time_s")
-    positive(capacity_bytes=capacity_bytes)
-    if not 0 < fraction <= 1:
-        raise ValueError(f"parameter 'fraction' must be in (0, 1], got {fraction!r}")
+    require_columns(samples, ["time_s", column] + (["tier"] if tier is not None else []),
+                    "fill_time_s")
+    store = _store_of(column)
+    if stats is not None and store is not None:
+        exact_s = _exact_fill_s(stats, store)
+        if exact_s is not None:
+            return exact_s
     data = samples if tier is None else samples[samples["tier"] == tier]
-    full = data.loc[data[column] >= fraction * capacity_bytes, "time_s"]
-    return float(full.min()) if len(full) else math.nan
+    counters = _fill_counters(data, store)
+    if counters:
+        done = (data[counters].fillna(0) > 0).any(axis=1)
+    else:
+        capacity_column = _capacity_column(data, store)
+        if capacity_column is not None:
+            capacity: Any = data[capacity_column]
+        elif capacity_bytes is not None:
+            positive(capacity_bytes=capacity_bytes)
+            capacity = float(capacity_bytes)
+            if chunk_bytes is not None:
+                positive(chunk_bytes=chunk_bytes)
+                capacity = capacity // chunk_bytes * chunk_bytes
+        else:
+            raise ValueError(f"fill_time_s: the samples have no eviction counters or capacity "
+                             f"column for {column!r}; pass capacity_bytes")
+        done = (capacity > 0) & (data[column] >= capacity)
+    times = data.loc[done, "time_s"]
+    return float(times.min()) if len(times) else math.nan
 
 
 # ---------------------------------------------------------------- study A in one call
@@ -444,9 +537,10 @@ class StudyASettings:
     """How `study_a_headlines` reads the runs; every choice in one place.
 
     `after_window_s` is the (t0, t1) window of the "after saturation" levels (A2.*_after,
-    retained shares, A3.flash_output); None means the last third of the run.
-    `early_window_s` bounds A2.early_spread and A4.ttft_cached. The DRAM fill time needs
-    samples with `dram_bytes_column` for the DRAM tier and `dram_capacity_bytes`.
+    retained shares, A3.flash_output); None means the late window (`late_window`).
+    `early_window_s` bounds A2.early_spread and A4.ttft_cached. The DRAM fill time
+    (`fill_time_s`) needs samples with `dram_bytes_column` for the DRAM tier and, unless they
+    carry the simulator's eviction counters or capacity column, `dram_capacity_bytes`.
     """
 
     bin_s: float = 60.0
@@ -460,7 +554,6 @@ class StudyASettings:
     early_window_s: float = 600.0
     dram_bytes_column: str = "dram_bytes_used"
     dram_capacity_bytes: float | None = None
-    fill_fraction: float = 0.98
     common_resumes: bool = True
     """A5 from the sessions that resumed in every tier's run only (study A's "same 11
     sessions"); False takes every tier's own resumes."""
@@ -559,12 +652,16 @@ def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
 
 
 def _dram_fill_s(samples: pd.DataFrame | None, s: StudyASettings) -> float:
-    if (samples is None or s.dram_capacity_bytes is None
-            or s.dram_bytes_column not in samples.columns):
+    """`fill_time_s` of the DRAM tier; NaN when the samples cannot tell (see its rules)."""
+    if samples is None or s.dram_bytes_column not in samples.columns:
         return math.nan
     tier = s.dram if "tier" in samples.columns else None
-    return fill_time_s(samples, s.dram_bytes_column, s.dram_capacity_bytes, s.fill_fraction,
-                       tier)
+    data = samples if tier is None else samples[samples["tier"] == tier]
+    store = _store_of(s.dram_bytes_column)
+    if (s.dram_capacity_bytes is None and not _fill_counters(data, store)
+            and _capacity_column(data, store) is None):
+        return math.nan
+    return fill_time_s(samples, s.dram_bytes_column, s.dram_capacity_bytes, tier=tier)
 
 
 def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None,
@@ -589,7 +686,7 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     number, otherwise the most resumes any tier saw).
     """
     s = replace(settings or StudyASettings(), **changes)
-    _require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
+    require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
                      "study_a_headlines")
     roles = s.roles(records["tier"])
     if not roles:

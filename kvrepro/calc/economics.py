@@ -31,9 +31,10 @@ import pandas as pd
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro import analysis
-from kvrepro._checks import positive
+from kvrepro._checks import positive, require_columns
 from kvrepro._paths import data_file
 from kvrepro.calc import endurance, sizing
+from kvrepro.tier_spec import ServerSpec, TierSpec, shipped_server
 
 # A RAID level as `kvrepro.calc.endurance` names it ("raid10", 10, "RAID 10" -> "RAID10").
 RaidLevel = Annotated[str, AfterValidator(endurance.normalize_raid_level)]
@@ -46,12 +47,6 @@ PRICE_UNITS = {"dram": "per_gb", "flash": "per_tb", "gpu": "each", "server": "ea
 PRICE_FIELDS = {"dram": "dram_usd_per_gb", "flash": "flash_usd_per_tb", "gpu": "gpu_usd_each",
                 "server": "server_usd_each", "electricity": "electricity_usd_per_kwh"}
 TIER_KINDS = ("baseline", "dram", "flash")
-
-
-def _require_columns(df: pd.DataFrame, columns: list[str], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what}: input lacks column(s) {missing}")
 
 
 # ---------------------------------------------------------------- prices
@@ -222,12 +217,26 @@ class TierHardware(BaseModel):
         return usable_tb(self.drives, self.drive_tb, self.raid_level) if self.drives else 0.0
 
 
-def study_a_tiers() -> dict[str, TierHardware]:
-    """Study A's configurations: VRAM only; 512 GB DRAM; 8 x 12.8 TB RAID10 + 64 GB staging."""
-    return {"baseline": TierHardware(name="baseline"),
-            "dram": TierHardware(name="dram", dram_gb=512.0),
-            "flash": TierHardware(name="flash", dram_gb=64.0, drives=8, drive_tb=12.8,
-                                  raid_level="RAID10")}
+def tier_hardware(tier: TierSpec) -> TierHardware:
+    """What a tier of a server spec adds: its DRAM stores' bytes and its flash store's drives."""
+    dram_gb = sum(s.capacity_bytes for s in tier.stores if s.kind == "dram") / 1e9
+    flash = tier.store("flash")
+    if flash is None:
+        return TierHardware(name=tier.name, dram_gb=dram_gb)
+    return TierHardware(name=tier.name, dram_gb=dram_gb, drives=flash.drives,
+                        drive_tb=flash.drive_tb, raid_level=flash.raid_level)
+
+
+def server_hardware(spec: ServerSpec, tiers: Sequence[str] | None = None
+                    ) -> dict[str, TierHardware]:
+    """The hardware bill of each named tier of a server spec (all tiers by default)."""
+    return {name: tier_hardware(spec.tier(name)) for name in (tiers or list(spec.tiers))}
+
+
+def study_a_tiers(spec: ServerSpec | None = None) -> dict[str, TierHardware]:
+    """Study A's configurations (baseline, dram, flash) from its server spec, or from `spec`
+    (e.g. a what-if with `override_server(spec, {"dram_gb": 1024})`)."""
+    return server_hardware(spec or shipped_server("study_a"), list(TIER_KINDS))
 
 
 _DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
@@ -314,7 +323,7 @@ def tokens_per_dollar(binned: pd.DataFrame, costs: pd.DataFrame,
     (cache tier alone; NaN for a tier that adds no hardware, the VRAM baseline). The result
     keeps `tier, bin_start_s, bin_end_s`, so `analysis.crossover_time_s` reads it.
     """
-    _require_columns(binned, ["tier", "bin_start_s", "bin_end_s", column], "tokens_per_dollar")
+    require_columns(binned, ["tier", "bin_start_s", "bin_end_s", column], "tokens_per_dollar")
     unknown = sorted(set(binned["tier"]) - set(costs["tier"]))
     if unknown:
         raise ValueError(f"tokens_per_dollar: no hardware for tier(s) {unknown}; "
@@ -354,7 +363,8 @@ class Retention(BaseModel):
                                  "be kept (A6: the DRAM tier's moderate operating point)")
     kv_bytes_per_token: float = Field(gt=0, description="KV bytes per token of the model")
     gpu_kv_bytes: float = Field(gt=0, description="KV the GPUs hold: all the baseline keeps")
-    staging_gb: float = Field(64.0, ge=0, description="DRAM staging in front of the flash, GB")
+    staging_gb: float = Field(ge=0, description="DRAM staging in front of the flash, GB (a "
+                              "flash tier's dram store: `tier_hardware(tier).dram_gb`)")
     drive_tb: float = Field(12.8, gt=0, description="capacity per flash drive, TB")
     raid_level: RaidLevel = Field("RAID10", description="layout of the flash array")
 
@@ -430,7 +440,7 @@ def crossover_ttl_s(vs_ttl: pd.DataFrame, a: str = "flash", b: str = "dram",
     A TTL that b cannot hold in one server while a can counts as a ahead. Exact to the step of
     the TTL grid; NaN if a is still behind at the longest TTL.
     """
-    _require_columns(vs_ttl, ["tier", "ttl_s", column], "crossover_ttl_s")
+    require_columns(vs_ttl, ["tier", "ttl_s", column], "crossover_ttl_s")
     wide = vs_ttl.pivot(index="ttl_s", columns="tier", values=column).sort_index()
     missing = [t for t in (a, b) if t not in wide.columns]
     if missing:

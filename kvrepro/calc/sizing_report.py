@@ -14,6 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from kvrepro._paths import data_file
 from kvrepro.calc import endurance, roofline, sizing
 from kvrepro.calc.models import get_model
+from kvrepro.tier_spec import StoreSpec, shipped_server
+
+
+def _study_a_store(kind: str) -> StoreSpec:
+    """Study A's store of that kind (dram: the DRAM tier; flash: the flash tier's array)."""
+    store = shipped_server("study_a").tier(kind).store(kind)
+    assert store is not None, f"study A's {kind} tier has no {kind} store"
+    return store
 
 
 class SizingParams(BaseModel):
@@ -26,11 +34,16 @@ class SizingParams(BaseModel):
     token_rates_tok_s: list[float] = Field([1000, 2000, 4200, 8000], min_length=1)
     ttls_s: list[float] = Field([300, 3600], min_length=1, description="TTLs to mark, s")
     max_ttl_s: float = Field(7200, gt=0)
-    dram_tier_bytes: float = Field(512e9, gt=0, description="DRAM tier size drawn on A6")
-    n_drives: int = Field(8, gt=0)
-    drive_capacity_bytes: float = Field(12.8e12, gt=0)
+    dram_tier_bytes: float = Field(default_factory=lambda: _study_a_store("dram").capacity_bytes,
+                                   gt=0, description="DRAM tier size drawn on A6 (default: "
+                                   "study A's server spec)")
+    n_drives: int = Field(default_factory=lambda: _study_a_store("flash").drives, gt=0,
+                          description="drives of the flash array (default: study A's spec)")
+    drive_capacity_bytes: float = Field(
+        default_factory=lambda: _study_a_store("flash").drive_tb * 1e12, gt=0)
     drive_rating_dwpd: float = Field(3.0, gt=0)
-    raid_level: str = Field("RAID10", description="layout of the flash array")
+    raid_level: str = Field(default_factory=lambda: _study_a_store("flash").raid_level,
+                            description="layout of the flash array")
     compare_raid_level: str = Field("RAID0", description="second layout on A7")
     write_rate_bytes_s: float = Field(1.9e9, gt=0, description="sustained KV writes (A7)")
     peak_write_bytes_s: float = Field(4.1e9, gt=0)
@@ -42,6 +55,11 @@ class SizingParams(BaseModel):
     mfu: float = Field(0.5, gt=0, le=1, description="prefill FLOPs utilisation")
     daily_writes_bytes: float = Field(57.5e12, gt=0, description="KV writes per GPU per day")
     max_daily_writes_bytes: float = Field(100e12, gt=0)
+
+    @classmethod
+    def from_parameters(cls, **values: object) -> SizingParams:
+        """From notebook parameters, where None means the default (study A's server spec)."""
+        return cls(**{k: v for k, v in values.items() if v is not None})
 
     @field_validator("model", "study_b_model")
     @classmethod

@@ -12,12 +12,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from kvrepro import _checks
+
 
 def require_columns(df: pd.DataFrame, columns: list[str], figure: str) -> None:
-    """Fail naming the figure and the missing columns, before plotting half a figure."""
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"figure {figure}: data lacks column(s) {missing}")
+    """`kvrepro._checks.require_columns` naming the figure ("figure A2: data lacks ..."),
+    before plotting half a figure."""
+    _checks.require_columns(df, columns, f"figure {figure}")
 
 
 TIER_COLORS = {"baseline": "#7f7f7f", "dram": "#1f77b4", "flash": "#d62728"}

@@ -251,7 +251,7 @@ def studyb_measured_profile(profile: SimProfile, measured: MeasuredFlashProfile,
                             drive_counts: Sequence[int] = (1, 2, 3, 4)) -> SimProfile:
     """Study B's profile with its SSD tiers built from one measured drive.
 
-    Like `data/sim/study_b.yaml` does with datasheet drives: SSDxN reads at n x the
+    Like `data/servers/study_b.yaml` does with datasheet drives: SSDxN reads at n x the
     measured bandwidth in series with the host path (the MEM tier's rate), one chunk in
     flight, plus the measured per-chunk latency (samples included); OPT reads at
     min(4 x measured, host path) and keeps the study's own per-chunk cost (the part of its

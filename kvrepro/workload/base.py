@@ -27,6 +27,8 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
+from kvrepro._checks import require_columns
+
 SESSION_COLUMNS: dict[str, str] = {
     "session_id": "int64", "arrival_s": "float64", "n_turns": "int64",
     "cohort": "object", "is_warmup": "bool", "end_reason": "object",
@@ -182,9 +184,7 @@ def load_workload(directory: str | Path) -> Workload:
     turns = pd.read_parquet(src / "turns.parquet")
     for table, columns, name in ((sessions, SESSION_COLUMNS, "sessions"),
                                  (turns, TURN_COLUMNS, "turns")):
-        missing = sorted(set(columns) - set(table.columns))
-        if missing:
-            raise ValueError(f"{src / (name + '.parquet')}: missing column(s) {missing}")
+        require_columns(table, columns, str(src / (name + ".parquet")))
     tokens = token_source_from_spec(meta["spec"]["tokens"], turns)
     workload = Workload(meta["spec"], sessions, turns, tokens)
     if meta.get("digest") and workload.digest() != meta["digest"]:

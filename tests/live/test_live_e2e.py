@@ -23,7 +23,7 @@ from kvrepro.workload import AgenticSpec, generate_agentic
 from tests.live.conftest import require_vllm
 
 pytestmark = pytest.mark.live
-TIER_FILE = Path(__file__).resolve().parents[2] / "data" / "tiers" / "cpu_tiny.yaml"
+TIER_FILE = Path(__file__).resolve().parents[2] / "data" / "servers" / "cpu_tiny.yaml"
 
 
 def scaled_workload(duration_s: float = 90.0):

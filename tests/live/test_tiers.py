@@ -1,4 +1,5 @@
-"""Tier configs: every shipped file loads, and every command line passes vLLM's own parser."""
+"""Live tiers rendered from server specs: every shipped spec renders, and every command line
+passes vLLM's own parser."""
 
 import json
 from pathlib import Path
@@ -9,7 +10,7 @@ from kvrepro.engines.live.lmcache_keys import validate_lmcache_config
 from kvrepro.engines.live.tiers import TierConfig, lmcache_config, load_tiers, server_args
 from tests.live.conftest import require_vllm
 
-TIER_FILES = sorted((Path(__file__).resolve().parents[2] / "data" / "tiers").glob("*.yaml"))
+TIER_FILES = sorted((Path(__file__).resolve().parents[2] / "data" / "servers").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def test_shipped_tier_files_load() -> None:
         tiers = load_tiers(path)
         assert tiers
         kinds |= {t.kind for t in tiers.values()}
-    assert kinds == {"baseline", "dram", "flash", "native_offload"}
+    assert kinds == {"baseline", "dram", "flash"}
 
 
 @pytest.mark.parametrize("path", TIER_FILES, ids=lambda p: p.name)
@@ -56,9 +57,13 @@ def test_vllm_parser_rejects_a_bad_flag(vllm_parser) -> None:
 def test_lmcache_yaml_uses_lmcache_keys() -> None:
     tiers = load_tiers(TIER_FILES[[p.name for p in TIER_FILES].index("study_a.yaml")])
     dram, flash = lmcache_config(tiers["dram"]), lmcache_config(tiers["flash"])
-    assert dram == {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 476.8}
+    flags = {"enable_async_loading": False, "save_decode_cache": False,
+             "save_unfull_chunk": False}  # LMCache's defaults, written explicitly
+    assert dram == {"chunk_size": 256, "local_cpu": True,
+                    "max_local_cpu_size": pytest.approx(476.837, abs=1e-3), **flags}
     assert flash["local_disk"] == "file:///mnt/raid10/kvrepro-lmcache/"
-    assert flash["max_local_disk_size"] == 40000 and flash["max_local_cpu_size"] == 59.6
+    assert flash["max_local_disk_size"] == pytest.approx(37252.9, abs=0.1)  # 40 TB in GiB
+    assert flash["max_local_cpu_size"] == pytest.approx(59.605, abs=1e-3)  # 64 GB staging
     for cfg in (dram, flash):
         validate_lmcache_config(cfg)
     assert lmcache_config(tiers["baseline"]) is None
@@ -75,13 +80,14 @@ def test_tier_errors_name_the_problem(tmp_path) -> None:
         TierConfig(**_tier(kind="dram"))
     with pytest.raises(ValueError, match="native_offload_gib"):
         TierConfig(**_tier(kind="native_offload"))
-    bad = tmp_path / "tiers.yaml"
-    bad.write_text("defaults: {model: m}\n"
-                   "tiers:\n  a: {kind: baseline, kv_cache_memroy_bytes: 1}\n")
-    with pytest.raises(ValueError, match=r"tiers.yaml: tier 'a' is invalid(.|\n)*kv_cache_memroy"):
+    bad = tmp_path / "server.yaml"
+    bad.write_text("model: Qwen3-14B-BF16\nengine: {kv_cache_bytes: 1.0e9}\n"
+                   "twin: {fp16_tflops: 1, mem_bw_tb_s: 1}\nlive: {model: m}\n"
+                   "tiers:\n  a: {kv_cache_memroy_bytes: 1}\n")
+    with pytest.raises(ValueError, match=r"server.yaml: .*key tiers\.a\.kv_cache_memroy_bytes"):
         load_tiers(bad)
     bad.write_text("tiers: [1, 2]\n")
-    with pytest.raises(ValueError, match="expected a mapping with a 'tiers:' section"):
+    with pytest.raises(ValueError, match="server.yaml: invalid server spec"):
         load_tiers(bad)
 
 

@@ -7,13 +7,14 @@ import pytest
 
 from kvrepro import analysis, reference
 from kvrepro.engines.sim import load_profile
-from kvrepro.engines.sim.campaign import override_profile, simulate_campaign
+from kvrepro.engines.sim.campaign import simulate_campaign
 from kvrepro.engines.sim.study_a import check_targets, implied_baseline
 from kvrepro.reproduce import reproduce
+from kvrepro.tier_spec import load_server, override_server
 from kvrepro.workload import AgenticSpec, generate_agentic
 from tests.conftest import NOTEBOOKS
 
-STUDY_A = Path(__file__).resolve().parents[2] / "data" / "sim" / "study_a.yaml"
+STUDY_A = Path(__file__).resolve().parents[2] / "data" / "servers" / "study_a.yaml"
 
 
 def test_shipped_profiles_load() -> None:
@@ -23,17 +24,17 @@ def test_shipped_profiles_load() -> None:
 
 
 def test_override_aliases_and_paths() -> None:
-    base = load_profile(STUDY_A)
-    bigger = override_profile(base, {"dram_gb": 1024, "server.mfu": 0.3})
-    assert bigger.tiers["dram"].offload[0].capacity_bytes == 1024e9
-    assert bigger.server.mfu == 0.3 and base.server.mfu == 0.31
+    base = load_server(STUDY_A)
+    bigger = override_server(base, {"dram_gb": 1024, "twin.mfu": 0.3})
+    assert bigger.tiers["dram"].stores[0].capacity_bytes == 1024e9
+    assert bigger.twin.mfu == 0.3 and base.twin.mfu == 0.31
     with pytest.raises(ValueError, match="nvme_gb"):
-        override_profile(base, {"nvme_gb": 1})
+        override_server(base, {"nvme_gb": 1})
     with pytest.raises(ValueError, match="mfuu"):
-        override_profile(base, {"server.mfuu": 1})
-    with pytest.raises(ValueError, match="no offload store named 'flash'"):
-        override_profile(base.model_copy(update={"tiers": {"baseline": base.tiers["baseline"]}}),
-                         {"flash_gb": 1})
+        override_server(base, {"twin.mfuu": 1})
+    with pytest.raises(ValueError, match="no store named 'flash'"):
+        override_server(base.model_copy(update={"tiers": {"baseline": base.tiers["baseline"]}}),
+                        {"flash_gb": 1})
 
 
 def test_campaign_tiers_share_the_early_minutes() -> None:

@@ -42,20 +42,20 @@ def test_catalog_model_by_name() -> None:
 
 def test_bad_field_names_file_and_field(tmp_path: Path) -> None:
     raw = _raw()
-    raw["tiers"]["dram"]["offload"][0]["read_bw_bytes_s"] = -1
+    raw["tiers"]["dram"]["stores"][0]["read_bw_bytes_s"] = -1
     path = _write(tmp_path, raw)
-    with pytest.raises(ValueError, match=r"profile\.yaml.*tiers\.dram\.offload\.0\.read_bw"):
+    with pytest.raises(ValueError, match=r"profile\.yaml.*tiers\.dram\.stores\.0\.read_bw"):
         load_profile(path)
 
 
 def test_unknown_field_and_model_are_named(tmp_path: Path) -> None:
     raw = _raw()
-    raw["server"]["gpu_kv_gb"] = 1
-    with pytest.raises(ValueError, match=r"server\.gpu_kv_gb"):
+    raw["engine"]["gpu_kv_gb"] = 1
+    with pytest.raises(ValueError, match=r"engine\.gpu_kv_gb"):
         load_profile(_write(tmp_path, raw))
     raw = _raw()
-    raw["server"]["model"] = "no-such-model"
-    with pytest.raises(ValueError, match=r"server\.model.*no-such-model"):
+    raw["model"] = "no-such-model"
+    with pytest.raises(ValueError, match=r"no-such-model"):
         load_profile(_write(tmp_path, raw))
 
 

@@ -10,8 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kvrepro.analysis.runs import resume_stats, retained_share, throughput_over_time
-from kvrepro.engines.sim import SimProfile, fill_time_s, simulate
+from kvrepro.analysis.runs import (
+    fill_time_s,
+    resume_stats,
+    retained_share,
+    throughput_over_time,
+)
+from kvrepro.engines.sim import SimProfile, simulate
 from kvrepro.records import RECORD_COLUMNS, read_run, read_runs
 from kvrepro.workload import generate_agentic
 from kvrepro.workload.trace_replay import read_mooncake_trace, trace_to_workload
@@ -127,12 +132,35 @@ def _fill_s(result, store: str = "dram") -> float:
     return math.inf if math.isnan(value) else value
 
 
+@pytest.mark.parametrize("eviction", ["lru", "none"])
+def test_fill_time_is_the_store_s_first_eviction_or_refusal(profile, workload, eviction) -> None:
+    small = _with_dram(profile, 16e6)
+    small.tiers["dram"].offload[0].eviction = eviction
+    result = simulate(workload, small, "dram", progress=False)
+    stats, samples = result.stats, result.samples
+    # the store itself noted the moment: an eviction (LRU) or a refusal (keeps when full)
+    exact_s = stats["dram_first_eviction_s" if eviction == "lru" else "dram_first_refusal_s"]
+    other = stats["dram_first_refusal_s" if eviction == "lru" else "dram_first_eviction_s"]
+    assert math.isfinite(exact_s) and math.isnan(other)
+    assert fill_time_s(samples, "dram_bytes_used", stats=stats) == exact_s
+    # from the samples alone: the first sample taken at or after it
+    sampled_s = fill_time_s(samples, "dram_bytes_used")
+    interval_s = profile.sample_interval_s
+    assert exact_s <= sampled_s < exact_s + interval_s + 1e-9
+    counter = "dram_evicted_chunks" if eviction == "lru" else "dram_rejected_chunks"
+    assert samples[counter].iloc[-1] == stats[counter]
+    assert (samples.loc[samples.time_s < sampled_s, counter] == 0).all()
+    # the store holds its whole-chunk capacity no later than it first evicts or refuses
+    full = samples.dram_bytes_used >= samples.dram_capacity_bytes
+    assert samples.time_s[full].min() <= sampled_s
+
+
 def test_more_dram_never_fills_sooner(profile, workload) -> None:
     fills, sampled = [], []
     for capacity in (4e6, 16e6, 64e6, 256e6, 50e9):
         result = simulate(workload, _with_dram(profile, capacity), "dram", progress=False)
         fills.append(_fill_s(result))
-        sampled.append(fill_time_s(result.samples, "dram"))
+        sampled.append(fill_time_s(result.samples, "dram_bytes_used"))
     assert fills == sorted(fills) and math.isinf(fills[-1]) and math.isfinite(fills[0])
     finite = [s for s in sampled if not math.isnan(s)]
     assert finite == sorted(finite) and len(finite) >= 3

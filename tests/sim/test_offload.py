@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kvrepro.engines.sim.config import OffloadTier, SimTier
@@ -47,10 +49,12 @@ def test_store_without_eviction_keeps_what_it_holds_and_counts_rejections() -> N
     store = off.stores[0]
     assert list(store.entries) == [1, 2, 3]
     assert store.rejected_chunks == 2 and store.evicted_chunks == 0
+    assert store.first_refusal_s == 1.0 and math.isnan(store.first_eviction_s)
     assert off.bytes_written[0] == 3 * CHUNK_BYTES  # rejected chunks cost no bandwidth
     off.touch([1, 2, 3], off.lookup([1, 2, 3], 10.0), 10.0)
     off.write([6], 11.0)
     assert list(store.entries) == [1, 2, 3] and store.rejected_chunks == 3
+    assert store.first_refusal_s == 1.0  # the first refusal's time stays
 
 
 def test_run_length_ignores_chunks_still_being_written() -> None:

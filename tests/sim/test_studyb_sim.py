@@ -39,7 +39,7 @@ def _norm(b6: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_profile_loads_with_equal_capacity() -> None:
-    profile = load_profile(data_file("sim", "study_b.yaml"))
+    profile = load_profile(data_file("servers", "study_b.yaml"))
     assert tuple(profile.tiers) == studyb.B6_TIERS
     assert profile.server.model_spec().kv_bytes_per_token == 163_840
     stores = {name: tier.offload[0] for name, tier in profile.tiers.items()}

@@ -1,6 +1,7 @@
 """The live engine: real vLLM servers, one per tier, driven by the workload over HTTP.
 
-* `tiers`: validated tier configs -> vLLM command lines and LMCache YAML (`data/tiers/*.yaml`);
+* `tiers`: a server spec (`kvrepro.tier_spec`, `data/servers/*.yaml`) rendered to vLLM
+  command lines and LMCache YAML;
 * `server`: deploy one tier as a process, wait for /health, always tear it down;
 * `client`: asynchronous streaming load client for `/v1/completions` (token-id prompts);
 * `metrics`: periodic `/metrics` scrapes into server samples;

@@ -2,8 +2,9 @@
 
 The live engine's half that talks to the server (a vLLM server in the studies). It replays a
 `Workload` the way its users would: each session starts at its scheduled time, and within a
-session each turn is sent at max(previous turn's finish + `pause_s`, `not_before_s`), so the
-load is closed loop and slows down when the server does.
+session each turn is sent at max(previous turn's finish + `pause_s`, `not_before_s`)
+(`kvrepro.engines.send_rule`, the simulator's rule too), so the load is closed loop and slows
+down when the server does.
 
 Prompts are sent as token-id lists, and the server's own generated ids (`token_ids` in each
 chunk, asked for with `"return_token_ids": true`) become the output part of the next turn's
@@ -40,6 +41,7 @@ import aiohttp
 import numpy as np
 import pandas as pd
 
+from kvrepro.engines.send_rule import send_time_s
 from kvrepro.records import RunWriter
 from kvrepro.workload.base import Workload
 
@@ -390,20 +392,14 @@ def session_plans(workload: Workload) -> list[SessionPlan]:
     for session_id, group in turns.groupby("session_id", sort=False):
         rows = list(group.itertuples(index=False))
         arrival_s = float(arrivals.get(session_id, 0.0))
-        plans.append(SessionPlan(int(session_id), send_time_s(rows[0], None, arrival_s), rows))
+        plans.append(SessionPlan(int(session_id), _due_s(rows[0], None, arrival_s), rows))
     return sorted(plans, key=lambda p: (p.start_s, p.session_id))
 
 
-def send_time_s(row: Any, prev_finish_s: float | None, arrival_s: float) -> float:
-    """max(previous finish + pause, not_before); a first turn without either goes at arrival."""
-    due = []
-    if prev_finish_s is not None:
-        pause_s = float(row.pause_s)
-        due.append(prev_finish_s + (0.0 if math.isnan(pause_s) else pause_s))
-    not_before_s = float(getattr(row, "not_before_s", math.nan))
-    if not math.isnan(not_before_s):
-        due.append(not_before_s)
-    return max(due) if due else arrival_s
+def _due_s(row: Any, prev_finish_s: float | None, arrival_s: float) -> float:
+    """`send_rule.send_time_s` for a row of the `turns` table (the simulator's rule too)."""
+    return send_time_s(float(row.pause_s), float(getattr(row, "not_before_s", math.nan)),
+                       prev_finish_s, arrival_s)
 
 
 class _Run:
@@ -509,7 +505,7 @@ class _Run:
                         self.stats.sessions_cut += 1
                         return
                     prompt = self.next_prompt(plan, k, prompt, outputs)
-                    due_s = send_time_s(row, finish_s, plan.start_s)
+                    due_s = _due_s(row, finish_s, plan.start_s)
                     await self.sleep_until(due_s)
                     if self.closed():
                         self.stats.sessions_cut += 1

@@ -31,6 +31,8 @@ import aiohttp
 import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvrepro._checks import require_columns
+
 # Labels that say which engine/model produced a series, not what it counts: summed over.
 SUMMED_LABELS = frozenset({"engine", "model_name", "served_model_name"})
 # Series passed through verbatim (flattened) when present: offload connectors on GPU machines.
@@ -318,17 +320,13 @@ def counter_rates(samples: pd.DataFrame, columns: Sequence[str] | None = None,
     defaults to every cumulative key present; `by` (e.g. "tier") differences each group
     separately.
     """
-    if "time_s" not in samples:
-        raise KeyError("samples lack 'time_s'")
+    if columns is None:
+        columns = [c for c in samples.columns if is_cumulative(str(c))]
+    require_columns(samples, ["time_s", *columns], "counter_rates")
     good = samples
     if "scrape_error" in samples:
         error = samples["scrape_error"]
         good = samples[error.isna() | (error.astype(str) == "")]
-    if columns is None:
-        columns = [c for c in samples.columns if is_cumulative(str(c))]
-    missing = [c for c in columns if c not in samples]
-    if missing:
-        raise KeyError(f"samples lack counter column(s) {missing}")
     good = good.assign(**{c: good[c].astype("float64").fillna(0.0) for c in columns})
     if by is None:
         return _rates_one(good, list(columns)).reset_index(drop=True)

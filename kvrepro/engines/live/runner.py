@@ -1,6 +1,9 @@
 """Run a workload on live vLLM tiers: deploy, drive, sample, record, tear down.
 
-`run_tier` is one tier: a fresh server (empty cache), the load client replaying the workload,
+`run(workload, server, tier, run_dir)` is the live engine's side of the interface both engines
+share (`kvrepro.engines.run_result`): the tier of a server spec rendered to a vLLM command, run, and
+read back as a `RunResult`. `run_tier` is one rendered tier: a fresh server (empty cache), the
+load client replaying the workload,
 a `/metrics` sampler and a watchdog that ends the run with `ServerError` (quoting the server
 log) if the server dies. Records go to `<run_dir>/records.jsonl` as requests finish, so a
 crash keeps every finished request. `run_campaign` runs several tiers one after another on the
@@ -17,8 +20,10 @@ from typing import Any
 from kvrepro.engines.live.client import ClientConfig, ClientStats, RealClock, run_workload
 from kvrepro.engines.live.metrics import sample_metrics
 from kvrepro.engines.live.server import ServerError, VllmServer
-from kvrepro.engines.live.tiers import TierConfig
-from kvrepro.records import RunWriter
+from kvrepro.engines.live.tiers import TierConfig, live_tier
+from kvrepro.engines.run_result import DRAIN_TIMEOUT_S, RunResult
+from kvrepro.records import RunWriter, read_run
+from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.base import Workload
 
 
@@ -29,7 +34,7 @@ class LiveOptions:
     duration_s: float | None = None
     warmup_s: float = 0.0
     request_timeout_s: float = 600.0
-    drain_timeout_s: float = 60.0
+    drain_timeout_s: float | None = DRAIN_TIMEOUT_S  # the rule of kvrepro.engines.run_result
     sample_interval_s: float = 2.0
     max_in_flight: int | None = None
     python: str | None = None
@@ -73,11 +78,16 @@ def _meta(tier: TierConfig, workload: Workload, options: LiveOptions) -> dict[st
 
 
 def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
-             options: LiveOptions | None = None) -> ClientStats:
-    """Deploy `tier`, replay `workload` against it, and write the run folder."""
+             options: LiveOptions | None = None,
+             server: ServerSpec | None = None) -> ClientStats:
+    """Deploy `tier`, replay `workload` against it, and write the run folder (with the
+    server spec it was rendered from, when given)."""
     options = options or LiveOptions()
     run_dir = Path(run_dir)
-    with RunWriter(run_dir, _meta(tier, workload, options)) as writer:
+    meta = _meta(tier, workload, options)
+    if server is not None:
+        meta["server_spec"] = server.model_dump(mode="json")
+    with RunWriter(run_dir, meta) as writer:
         with VllmServer(tier, run_dir, python=options.python) as server:
             writer.meta["startup_s"] = server.wait_healthy()
             config = ClientConfig(
@@ -106,3 +116,20 @@ def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Pat
         except (ServerError, OSError) as err:
             results[tier.name] = err
     return results
+
+
+def run(workload: Workload, server: ServerSpec, tier: str, run_dir: str | Path, *,
+        duration_s: float | None = None, warmup_s: float = 0.0,
+        max_in_flight: int | None = None, drain_timeout_s: float | None = DRAIN_TIMEOUT_S,
+        options: LiveOptions | None = None) -> RunResult:
+    """Serve tier `tier` of `server` for real, replay `workload`, return the run read back.
+
+    The same signature as the simulator's `kvrepro.engines.sim.campaign.run`; `options`
+    holds what only a live run has (request timeout, sampling period, python).
+    """
+    base = options or LiveOptions()
+    opts = LiveOptions(**{**vars(base), "duration_s": duration_s, "warmup_s": warmup_s,
+                          "max_in_flight": max_in_flight, "drain_timeout_s": drain_timeout_s})
+    stats = run_tier(live_tier(server, tier), workload, run_dir, opts, server)
+    done = read_run(run_dir)
+    return RunResult(done.records, done.samples, {**done.meta, "stats": stats.as_dict()})

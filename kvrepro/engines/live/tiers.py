@@ -1,6 +1,8 @@
-"""Tier configurations: a validated description that becomes one `vllm` server command.
+"""The live engine's view of a server spec: one `vllm` server command per tier.
 
-Three tiers from the studies, plus vLLM's own offload as an alternative DRAM tier:
+A server is described once (`kvrepro.tier_spec`, `data/servers/*.yaml`); `live_tiers(spec)`
+renders each of its tiers to a `TierConfig`, which becomes the vLLM command line and the
+LMCache YAML, and is written into every run folder (`tier.json`). The tier kinds:
 
 * baseline: prefix caching in GPU memory only; what does not fit is evicted and recomputed;
 * dram: LMCache connector (`LMCacheConnectorV1`, role `kv_both`) with its CPU backend
@@ -9,8 +11,11 @@ Three tiers from the studies, plus vLLM's own offload as an alternative DRAM tie
   behind a small `max_local_cpu_size` staging buffer;
 * native_offload: vLLM's built-in CPU offload (`--kv-offloading-size`, backend `native`).
 
-Tier files (`data/tiers/*.yaml`) hold `defaults:` shared by all tiers and `tiers:` by name.
-A model of `kvrepro:tiny` means the locally written tiny Llama (see `tiny_model`).
+The LMCache flags of the spec (`enable_async_loading`, `save_decode_cache`,
+`save_unfull_chunk`) are written into the LMCache YAML explicitly, so the run folder shows
+what LMCache ran with. The engine KV budget is the spec's, split over the tensor-parallel
+group (`--kv-cache-memory-bytes` is per GPU). A model of `kvrepro:tiny` means the locally
+written tiny Llama (see `kvrepro.engines.tiny_model`).
 """
 
 from __future__ import annotations
@@ -21,10 +26,13 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-TINY_MODEL = "kvrepro:tiny"
+from kvrepro.tier_spec import TINY_MODEL, ServerSpec, TierSpec, load_server
+
+__all__ = ["TINY_MODEL", "LMCacheSettings", "TierConfig", "format_command", "lmcache_config",
+           "live_tier", "live_tiers", "load_tiers", "server_args", "server_command"]
+
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
@@ -34,9 +42,14 @@ class LMCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     chunk_size: int = Field(256, gt=0, description="tokens per KV chunk")
-    max_local_cpu_size_gib: float = Field(gt=0, description="CPU (DRAM) cache or staging, GiB")
+    local_cpu: bool = Field(True, description="keep KV in LMCache's CPU (DRAM) backend")
+    max_local_cpu_size_gib: float | None = Field(None, gt=0, description="CPU (DRAM) cache or "
+                                                 "staging, GiB (None: LMCache's default)")
     local_disk_path: str | None = Field(None, description="flash tier folder")
     max_local_disk_size_gib: float | None = Field(None, gt=0, description="flash tier size, GiB")
+    enable_async_loading: bool = False
+    save_decode_cache: bool = False
+    save_unfull_chunk: bool = False
     extra: dict[str, Any] = Field(default_factory=dict, description="other LMCache keys")
 
 
@@ -86,8 +99,12 @@ def lmcache_config(tier: TierConfig) -> dict[str, Any] | None:
     if tier.lmcache is None:
         return None
     s = tier.lmcache
-    cfg: dict[str, Any] = {"chunk_size": s.chunk_size, "local_cpu": True,
-                           "max_local_cpu_size": s.max_local_cpu_size_gib}
+    cfg: dict[str, Any] = {"chunk_size": s.chunk_size, "local_cpu": s.local_cpu,
+                           "enable_async_loading": s.enable_async_loading,
+                           "save_decode_cache": s.save_decode_cache,
+                           "save_unfull_chunk": s.save_unfull_chunk}
+    if s.max_local_cpu_size_gib is not None:
+        cfg["max_local_cpu_size"] = s.max_local_cpu_size_gib
     if tier.kind == "flash":
         path = s.local_disk_path.rstrip("/") + "/"
         cfg["local_disk"] = path if path.startswith("file://") else f"file://{path}"
@@ -143,23 +160,55 @@ def format_command(command: list[str]) -> str:
     return shlex.join(command)
 
 
+GIB = 2**30
+
+
+def _lmcache_settings(tier: TierSpec) -> LMCacheSettings:
+    """The in-process LMCache settings of a dram or flash tier (sizes in GiB, as LMCache's)."""
+    where = f"tier {tier.name!r}"
+    for store in tier.stores:
+        if store.eviction != "lru":
+            raise ValueError(f"{where}: store {store.name!r} eviction {store.eviction!r} has no "
+                             "LMCache setting (LMCache evicts LRU); it is a simulator what-if")
+    if tier.lmcache.l2_store_policy != "default":
+        raise ValueError(f"{where}: lmcache.l2_store_policy is a multi-process LMCache setting")
+    dram, flash = tier.store("dram"), tier.store("flash")
+    if flash is not None and flash.io_mode != "buffered":
+        raise ValueError(f"{where}: io_mode {flash.io_mode!r} has no in-process LMCache setting")
+    flags = tier.lmcache
+    return LMCacheSettings(
+        chunk_size=tier.chunk_tokens, local_cpu=dram is not None,
+        max_local_cpu_size_gib=dram.capacity_bytes / GIB if dram else None,
+        local_disk_path=flash.path if flash else None,
+        max_local_disk_size_gib=flash.capacity_bytes / GIB if flash else None,
+        enable_async_loading=flags.enable_async_loading,
+        save_decode_cache=flags.save_decode_cache, save_unfull_chunk=flags.save_unfull_chunk,
+        extra=flags.extra)
+
+
+def live_tier(spec: ServerSpec, name: str) -> TierConfig:
+    """Render tier `name` of a server spec to the live engine's `TierConfig`."""
+    tier, live, engine = spec.tier(name), spec.live, spec.engine
+    kv_per_gpu = spec.kv_cache_bytes(name) / live.tensor_parallel_size
+    native = tier.kind == "native_offload"
+    return TierConfig(
+        name=name, kind=tier.kind, model=live.model, served_model_name=live.served_model_name,
+        host=live.host, port=live.port, tensor_parallel_size=live.tensor_parallel_size,
+        gpu_memory_utilization=live.gpu_memory_utilization,
+        kv_cache_memory_bytes=int(kv_per_gpu), max_model_len=engine.max_model_len,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        max_num_seqs=engine.max_num_seqs, dtype=live.dtype,
+        lmcache=_lmcache_settings(tier) if tier.kind in ("dram", "flash") else None,
+        native_offload_gib=tier.stores[0].capacity_bytes / GIB if native else None,
+        extra_args=list(live.extra_args), env=dict(live.env),
+        startup_timeout_s=live.startup_timeout_s, clean_disk_dir=tier.clean_disk_dir)
+
+
+def live_tiers(spec: ServerSpec) -> dict[str, TierConfig]:
+    """Every tier of a server spec, rendered for the live engine."""
+    return {name: live_tier(spec, name) for name in spec.tiers}
+
+
 def load_tiers(path: str | Path) -> dict[str, TierConfig]:
-    """Read a tier file (`defaults:` + `tiers:`); errors name the file and the tier."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from err
-    if not isinstance(raw, dict) or not isinstance(raw.get("tiers"), dict):
-        raise ValueError(f"{path}: expected a mapping with a 'tiers:' section")
-    unknown = set(raw) - {"defaults", "tiers", "description"}
-    if unknown:
-        raise ValueError(f"{path}: unknown top-level key(s) {sorted(unknown)}")
-    defaults = raw.get("defaults") or {}
-    out = {}
-    for name, fields in raw["tiers"].items():
-        try:
-            out[name] = TierConfig(name=name, **{**defaults, **(fields or {})})
-        except ValidationError as err:
-            raise ValueError(f"{path}: tier {name!r} is invalid:\n{err}") from err
-    return out
+    """Read a server spec file and render its tiers; errors name the file and the key."""
+    return live_tiers(load_server(path))

@@ -2,7 +2,8 @@
 
 Modules:
 
-* `config`: profiles (server, tiers, offload stores) as pydantic models, loaded from YAML;
+* `config`: the simulator's view of a server spec (`kvrepro.tier_spec`): `sim_profile(spec)`,
+  `load_profile(path)` render it to a profile (server, tiers, offload stores);
 * `blocks`: which KV blocks and chunks prompts share, without token ids;
 * `cache`: the GPU prefix cache (block-granular LRU, pinning);
 * `offload`: chunk stores below the GPU with FIFO read/write channels;
@@ -28,8 +29,8 @@ Model decisions, each explained where it is implemented:
   faster ones;
 * async loads (`scheduler`): a loading request holds its blocks plus one spare slot and
   does not hold up the step; sync loads make the step wait;
-* a store is "filled" when it holds its capacity in whole chunks (`outputs.fill_time_s`;
-  exact first eviction in stats).
+* a store has "filled" when it first evicts (or, with eviction "none", refuses) a chunk:
+  `kvrepro.analysis.fill_time_s` on the samples' counters, or exactly on the run's stats.
 """
 
 from kvrepro.engines.sim.config import (
@@ -38,9 +39,9 @@ from kvrepro.engines.sim.config import (
     SimProfile,
     SimTier,
     load_profile,
+    sim_profile,
 )
 from kvrepro.engines.sim.engine import SimResult, simulate
-from kvrepro.engines.sim.outputs import fill_time_s
 
-__all__ = ["OffloadTier", "ServerProfile", "SimProfile", "SimResult", "SimTier", "fill_time_s",
-           "load_profile", "simulate"]
+__all__ = ["OffloadTier", "ServerProfile", "SimProfile", "SimResult", "SimTier", "load_profile",
+           "sim_profile", "simulate"]

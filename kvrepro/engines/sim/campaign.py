@@ -1,4 +1,5 @@
-"""Several tiers on one workload, and profile overrides for what-if questions.
+"""The simulator's `run` (the interface both engines share, `kvrepro.engines.run_result`), several
+tiers on one workload, and sweeps of what-if overrides of the server spec.
 
 `simulate_campaign` is the simulated twin of `kvrepro.engines.live.runner.run_campaign`: the same
 workload on each tier, one run folder per tier (optional), and the records and samples of all
@@ -12,68 +13,61 @@ from typing import Any
 
 import pandas as pd
 
-from kvrepro.engines.sim.config import SimProfile, load_profile
-from kvrepro.engines.sim.engine import simulate
+from kvrepro.engines.run_result import (
+    DRAIN_TIMEOUT_S,
+    RunResult,
+    concat_results,
+    store_counters_from_samples,
+)
+from kvrepro.engines.sim.config import SimProfile, as_profile, sim_profile
+from kvrepro.engines.sim.engine import _default_duration_s, simulate
+from kvrepro.tier_spec import ServerSpec, override_server
 from kvrepro.workload.base import Workload
 
-CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "staging"}
 
+def run(workload: Workload, server: SimProfile | ServerSpec | str | Path, tier: str,
+        run_dir: str | Path | None = None, *, duration_s: float | None = None,
+        warmup_s: float = 0.0, max_in_flight: int | None = None,
+        drain_timeout_s: float | None = DRAIN_TIMEOUT_S, progress: bool = True) -> RunResult:
+    """Simulate tier `tier` of `server` on `workload` (the live engine's `run`, simulated).
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    node: Any = tree
-    keys = dotted.split(".")
-    for key in keys[:-1]:
-        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
-    last = keys[-1]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
-def override_profile(profile: SimProfile, overrides: dict[str, Any]) -> SimProfile:
-    """A copy of `profile` with overrides applied and validated again.
-
-    Keys are dotted paths (`server.mfu`, `tiers.dram.offload.0.read_bw_bytes_s`) or the
-    aliases `dram_gb`, `flash_gb`, `staging_gb`, which set the capacity (in GB) of every
-    offload store of that name. An unknown key is an error naming it.
+    The end of the run follows `kvrepro.engines.run_result`: with `drain_timeout_s`, the clock
+    stops that long after `duration_s` and requests still in the server are counted in
+    `meta["stats"]["unfinished"]`, not recorded.
     """
-    tree = profile.model_dump()
-    for key, value in overrides.items():
-        if key in CAPACITY_ALIASES:
-            stores = [s for t in tree["tiers"].values() for s in t["offload"]
-                      if s["name"] == CAPACITY_ALIASES[key]]
-            if not stores:
-                raise ValueError(f"profile override {key!r}: no offload store named "
-                                 f"{CAPACITY_ALIASES[key]!r} in this profile")
-            for store in stores:
-                store["capacity_bytes"] = float(value) * 1e9
-            continue
-        try:
-            _set_path(tree, key, value)
-        except (KeyError, IndexError, ValueError, TypeError) as err:
-            raise ValueError(f"profile override {key!r}: no such field ({err})") from err
-    return SimProfile.model_validate(tree)
+    profile = as_profile(server)
+    duration = duration_s if duration_s is not None else _default_duration_s(workload, None)
+    hard_end = None if drain_timeout_s is None else duration + drain_timeout_s
+    result = simulate(workload, profile, tier, duration_s=duration_s, warmup_s=warmup_s,
+                      run_dir=run_dir, hard_end_s=hard_end, max_in_flight=max_in_flight,
+                      progress=progress)
+    stores = [s.name for s in profile.tier(tier).offload]
+    first = {s: result.stats.get(f"{s}_first_eviction_s", float("nan")) for s in stores}
+    meta = {"engine": "sim", "tier": tier, "stats": result.stats}
+    return RunResult(result.records, result.samples, meta,
+                     store_counters_from_samples(result.samples, tier, stores, first))
 
 
-def simulate_campaign(workload: Workload, profile: SimProfile | str | Path,
+def campaign(workload: Workload, server: SimProfile | ServerSpec | str | Path,
+             tiers: list[str] | None = None, out_dir: str | Path | None = None,
+             **options: Any) -> dict[str, RunResult]:
+    """`run` on each tier (all of the server's by default), one run folder per tier."""
+    profile = as_profile(server)
+    return {name: run(workload, profile, name, Path(out_dir) / name if out_dir else None,
+                      **options)
+            for name in (tiers or list(profile.tiers))}
+
+
+def simulate_campaign(workload: Workload, profile: SimProfile | ServerSpec | str | Path,
                       tiers: list[str] | None = None, out_dir: str | Path | None = None,
                       warmup_s: float = 0.0, duration_s: float | None = None,
                       progress: bool = True, max_in_flight: int | None = None
                       ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Simulate each tier on `workload`; return all records and samples (column `tier`).
-
-    `max_in_flight` is the load client's concurrency limit (`kvrepro.engines.sim.simulate`)."""
-    profile = load_profile(profile) if isinstance(profile, (str, Path)) else profile
-    names = tiers or list(profile.tiers)
-    records, samples = [], []
-    for name in names:
-        run_dir = Path(out_dir) / name if out_dir else None
-        result = simulate(workload, profile, name, duration_s=duration_s, warmup_s=warmup_s,
-                          run_dir=run_dir, progress=progress, max_in_flight=max_in_flight)
-        records.append(result.records)
-        samples.append(result.samples.assign(tier=name))
-    return pd.concat(records, ignore_index=True), pd.concat(samples, ignore_index=True)
+    """`campaign`, concatenated: all tiers' records and samples (column `tier`), as
+    `kvrepro.analysis` takes them."""
+    return concat_results(campaign(workload, profile, tiers, out_dir, warmup_s=warmup_s,
+                                   duration_s=duration_s, progress=progress,
+                                   max_in_flight=max_in_flight))
 
 
 def _summary(records: pd.DataFrame, samples: pd.DataFrame, store: str | None,
@@ -81,7 +75,7 @@ def _summary(records: pd.DataFrame, samples: pd.DataFrame, store: str | None,
     from kvrepro import analysis
 
     binned = analysis.smooth_rates(analysis.throughput_over_time(records, 300.0, run_s), 3)
-    late = binned[binned.bin_start_s >= 2 * run_s / 3].total_tok_s.mean()
+    late = analysis.late_bins(binned, run_s).total_tok_s.mean()
     fill_s = float("nan")
     if store and capacity_bytes and f"{store}_bytes_used" in samples:
         fill_s = analysis.fill_time_s(samples, f"{store}_bytes_used", capacity_bytes)
@@ -91,12 +85,13 @@ def _summary(records: pd.DataFrame, samples: pd.DataFrame, store: str | None,
             "cached_share": float(ok.cached_prompt_tokens.sum() / ok.prompt_tokens.sum())}
 
 
-def sweep(make_workload: Any, profile: SimProfile, tier: str,
+def sweep(make_workload: Any, spec: ServerSpec, tier: str,
           grid: list[dict[str, Any]], store: str | None = None,
           run_s: float = 5400.0) -> pd.DataFrame:
     """Simulate `tier` once per grid point and summarise where it saturates.
 
-    Each grid point is a dict of profile overrides (see `override_profile`) plus optionally
+    Each grid point is a dict of server overrides (`kvrepro.tier_spec.override_server`) plus
+    optionally
     `workload` (a dict of workload parameters passed to `make_workload`). The summary gives
     peak and late (last third) total throughput, the time `store` fills, median TTFT and the
     cached share.
@@ -104,7 +99,7 @@ def sweep(make_workload: Any, profile: SimProfile, tier: str,
     rows = []
     for point in grid:
         overrides = {k: v for k, v in point.items() if k != "workload"}
-        prof = override_profile(profile, overrides)
+        prof = sim_profile(override_server(spec, overrides))
         workload = make_workload(**point.get("workload", {}))
         result = simulate(workload, prof, tier, progress=False)
         capacity = sum(s.capacity_bytes for s in prof.tiers[tier].offload if s.name == store)

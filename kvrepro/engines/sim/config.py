@@ -1,6 +1,8 @@
-"""Profiles of the simulated server: hardware and model as data, one file per testbed.
+"""The simulator's view of a server: what `kvrepro.tier_spec` renders for the digital twin.
 
-A `SimProfile` is what the digital twin needs to stand in for one serving instance:
+A server is described once, in a server spec (`data/servers/*.yaml`, `kvrepro.tier_spec`),
+for both engines and the cost model. `sim_profile(spec)` renders it to a `SimProfile`, what
+the digital twin needs to stand in for one serving instance:
 
 * `server` (`ServerProfile`): the model and the GPU group's roofline rates, the KV capacity in
   GPU memory and vLLM's scheduler limits;
@@ -8,30 +10,32 @@ A `SimProfile` is what the digital twin needs to stand in for one serving instan
   the GPU, fastest first (LMCache's CPU backend, then its local-disk backend);
 * `sample_interval_s`: how often the engine writes a server sample.
 
-Profiles are YAML files loaded with `load_profile`; a wrong or missing field is reported with
-the file and the field's dotted path. Calibrated study profiles live in `data/`; this module
-only defines and checks the schema.
+`load_profile(path)` reads a server spec file and renders it; a wrong or missing key is
+reported with the file and the key's dotted path. Where the simulator models an LMCache
+behaviour it follows the spec's `LMCacheFlags`: synchronous or asynchronous loads
+(`enable_async_loading`), whether decode KV is saved (`save_decode_cache`), and whether stores
+skip L1 (`l2_store_policy: skip_l1`). Partial chunks (`save_unfull_chunk: true`) are not
+modelled and are refused.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from kvrepro.calc.models import ModelSpec, get_model
 from kvrepro.calc.roofline import GpuSpec
+from kvrepro.tier_spec import ServerSpec, StoreSpec, TierSpec, load_server
 
 
 class ServerProfile(BaseModel):
@@ -145,8 +149,16 @@ class SimTier(BaseModel):
     write_through: bool = Field(True, description="computed KV goes to every offload store "
                                                   "(LMCache); False: to the first only, and "
                                                   "evicted chunks move one store down")
-    load_async: bool = Field(True, description="a request waiting for a load does not hold "
-                                               "up the GPU step")
+    load_async: bool = Field(False, description="a request waiting for a load does not hold "
+                                                "up the GPU step (LMCache's "
+                                                "enable_async_loading; off by default)")
+    save_decode_kv: bool = Field(False, description="chunks completed while decoding are "
+                                                    "stored too (LMCache's save_decode_cache; "
+                                                    "off by default: only the prompt's)")
+    skip_l1: bool = Field(False, description="computed KV is written to the last store only, "
+                                             "not the ones in front (l2_store_policy skip_l1)")
+    gpu_kv_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
+                                                               "if not the server's")
 
     @model_validator(mode="after")
     def _consistent(self) -> SimTier:
@@ -178,6 +190,11 @@ class SimProfile(BaseModel):
             tier.name = key
         return self
 
+    def server_for(self, name: str) -> ServerProfile:
+        """The server serving tier `name` (its own KV budget where it has one)."""
+        kv = self.tier(name).gpu_kv_bytes
+        return self.server if kv is None else self.server.model_copy(update={"gpu_kv_bytes": kv})
+
     def tier(self, name: str) -> SimTier:
         """The tier called `name`; the error lists the known ones."""
         if name not in self.tiers:
@@ -186,26 +203,51 @@ class SimProfile(BaseModel):
         return self.tiers[name]
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
+def _store(store: StoreSpec, chunk_tokens: int) -> OffloadTier:
+    fields = store.model_dump(include=set(OffloadTier.model_fields) - {"chunk_tokens"})
+    return OffloadTier(**fields, chunk_tokens=chunk_tokens)
+
+
+def sim_tier(tier: TierSpec) -> SimTier:
+    """The simulator's tier: its stores, and LMCache's behaviour as the spec's flags say."""
+    if tier.lmcache.save_unfull_chunk:
+        raise ValueError(f"tier {tier.name!r}: lmcache.save_unfull_chunk true is not modelled "
+                         "by the simulator (partial chunks); leave it false for simulated runs")
+    return SimTier(name=tier.name, offload=[_store(s, tier.chunk_tokens) for s in tier.stores],
+                   write_through=not tier.twin_write_back,
+                   load_async=tier.lmcache.enable_async_loading,
+                   save_decode_kv=tier.lmcache.save_decode_cache,
+                   skip_l1=tier.lmcache.l2_store_policy == "skip_l1",
+                   gpu_kv_bytes=tier.kv_cache_bytes)
+
+
+def sim_profile(spec: ServerSpec) -> SimProfile:
+    """Render a server spec for the simulator (model, engine limits, twin rates, tiers)."""
+    e, w = spec.engine, spec.twin
+    server = ServerProfile(
+        model=spec.model, fp16_tflops=w.fp16_tflops, mem_bw_tb_s=w.mem_bw_tb_s, mfu=w.mfu,
+        decode_efficiency=w.decode_efficiency, step_overhead_s=w.step_overhead_s,
+        front_end_latency_s=w.front_end_latency_s, gpu_kv_bytes=e.kv_cache_bytes,
+        block_tokens=e.block_tokens, max_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len)
+    return SimProfile(description=spec.description, server=server,
+                      tiers={name: sim_tier(t) for name, t in spec.tiers.items()},
+                      sample_interval_s=w.sample_interval_s)
 
 
 def load_profile(path: str | Path) -> SimProfile:
-    """Read a SimProfile from YAML; errors name the file and each bad field's dotted path."""
-    src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f"simulator profile not found: {src}")
-    try:
-        raw = yaml.safe_load(src.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{src}: malformed YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{src}: expected a mapping at the top level")
-    try:
-        return SimProfile.model_validate(raw)
-    except ValidationError as err:
-        problems = "; ".join(f"field {_where(e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"{src}: invalid simulator profile: {problems}") from err
+    """Read a server spec (`data/servers/*.yaml`) and render it for the simulator.
+
+    Errors name the file and each bad key's dotted path (`kvrepro.tier_spec.load_server`).
+    """
+    return sim_profile(load_server(path))
+
+
+def as_profile(profile: SimProfile | ServerSpec | str | Path) -> SimProfile:
+    """A SimProfile from itself, a server spec, or a server spec file."""
+    if isinstance(profile, SimProfile):
+        return profile
+    return sim_profile(profile) if isinstance(profile, ServerSpec) else load_profile(profile)
 
 
 def chunk_bytes(tier: SimTier, kv_bytes_per_token: int) -> int:

@@ -25,13 +25,14 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvrepro.engines.sim.config import SimProfile, SimTier, load_profile
+from kvrepro.engines.sim.config import SimProfile, SimTier, as_profile
 from kvrepro.engines.sim.entities import Request, TurnTable
 from kvrepro.engines.sim.events import EventQueue, LoadDone, Sample, StepEnd, TurnArrival
 from kvrepro.engines.sim.outputs import OutputSink, sample_row
 from kvrepro.engines.sim.prefix_units import BlockIdentity, unit_ranges
 from kvrepro.engines.sim.scheduler import Scheduler, StepPlan
 from kvrepro.engines.sim.steptime import StepTimer
+from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.base import Workload
 
 ENGINE = "sim"
@@ -53,7 +54,7 @@ class Engine:
     def __init__(self, workload: Workload, profile: SimProfile, tier: SimTier,
                  duration_s: float, warmup_s: float, hard_end_s: float,
                  sink: OutputSink, max_in_flight: int | None = None):
-        server = profile.server
+        server = profile.server_for(tier.name)
         self.table = TurnTable.from_workload(workload)
         self.identity = BlockIdentity(workload)
         self.scheduler = Scheduler(server, tier, StepTimer(server))
@@ -240,6 +241,7 @@ class Engine:
         if sched.offload is not None:
             for store in sched.offload.stores:
                 out[f"{store.name}_first_eviction_s"] = store.first_eviction_s
+                out[f"{store.name}_first_refusal_s"] = store.first_refusal_s
                 out[f"{store.name}_evicted_chunks"] = store.evicted_chunks
                 out[f"{store.name}_rejected_chunks"] = store.rejected_chunks
         return out
@@ -252,11 +254,12 @@ def _default_duration_s(workload: Workload, duration_s: float | None) -> float:
     return float(value) if value is not None else math.inf
 
 
-def simulate(workload: Workload, profile: SimProfile | str | Path, tier_name: str,
+def simulate(workload: Workload, profile: SimProfile | ServerSpec | str | Path, tier_name: str,
              duration_s: float | None = None, warmup_s: float = 0.0,
              run_dir: str | Path | None = None, *, hard_end_s: float | None = None,
              max_in_flight: int | None = None, progress: bool = True) -> SimResult:
-    """Simulate `workload` on tier `tier_name` of `profile` (a SimProfile or a YAML path).
+    """Simulate `workload` on tier `tier_name` of `profile` (a SimProfile, a server spec or
+    its YAML path).
 
     `duration_s`: no turn is sent at or after it (None: the workload spec's `duration_s`
     when it has one, else no limit). `hard_end_s`: the clock stops there and requests still
@@ -267,8 +270,7 @@ def simulate(workload: Workload, profile: SimProfile | str | Path, tier_name: st
     `warmup_s` flags records sent earlier (`is_warmup`). With `run_dir`, the run folder
     (records.jsonl, samples.jsonl, meta.json) is written as a live run's would be.
     """
-    if not isinstance(profile, SimProfile):
-        profile = load_profile(profile)
+    profile = as_profile(profile)
     tier = profile.tier(tier_name)
     duration = _default_duration_s(workload, duration_s)
     hard_end = math.inf if hard_end_s is None else float(hard_end_s)

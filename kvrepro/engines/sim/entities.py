@@ -16,6 +16,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from kvrepro.engines.send_rule import send_time_s
 from kvrepro.engines.sim.prefix_units import Segments, UnitRanges
 from kvrepro.workload.base import Workload
 
@@ -98,19 +99,14 @@ class TurnTable:
         return cls(
             session_ids=ids, arrival_s=[float(arrivals.get(s, 0.0)) for s in ids],
             rows=[g.tolist() for g in groups], turn=turns["turn"].astype("int64").tolist(),
-            pause_s=turns["pause_s"].astype("float64").fillna(0.0).tolist(),
+            pause_s=turns["pause_s"].astype("float64").tolist(),
             not_before_s=turns["not_before_s"].astype("float64").tolist(),
             prompt_tokens=turns["prompt_tokens"].astype("int64").tolist(),
             output_tokens=turns["output_tokens"].astype("int64").tolist(),
             is_resume=turns["is_resume"].astype(bool).tolist())
 
     def send_s(self, row: int, prev_finish_s: float | None, arrival_s: float) -> float:
-        """max(previous finish + pause, not_before); a first turn without either: arrival.
-
-        The same rule as the live client's `send_time_s`.
-        """
-        due = prev_finish_s + self.pause_s[row] if prev_finish_s is not None else -math.inf
-        not_before_s = self.not_before_s[row]
-        if not math.isnan(not_before_s):
-            due = max(due, not_before_s)
-        return arrival_s if due == -math.inf else due
+        """When turn `row` is due: `kvrepro.engines.send_rule.send_time_s`, the live
+        client's rule (max(previous finish + pause, not_before); a first turn without a
+        not_before goes at arrival)."""
+        return send_time_s(self.pause_s[row], self.not_before_s[row], prev_finish_s, arrival_s)

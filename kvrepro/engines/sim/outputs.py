@@ -1,4 +1,4 @@
-"""What a simulated run emits: request records, server samples, the run folder, fill times.
+"""What a simulated run emits: request records, server samples and the run folder.
 
 Records carry `kvrepro.records.RECORD_COLUMNS` plus what the simulator knows exactly:
 `gpu_hit_tokens`, `loaded_tokens_<store>` (first admission; with the GPU hit they add up to
@@ -17,21 +17,20 @@ counters), `external_prefix_cache_queries_tokens` / `external_prefix_cache_hits_
 `<store>_capacity_bytes` (what the store can hold in whole chunks: the configured capacity
 rounded down to a multiple of the chunk size).
 
-A store is *full* ("filled") once it holds `<store>_capacity_bytes`, i.e. has no room for
-another chunk and the next write evicts; `fill_time_s` returns the first sample time at which
-bytes_used >= frac x capacity_bytes. The exact time of the first eviction is in the run's
-stats as `<store>_first_eviction_s`.
+A store has *filled* when it first evicts a chunk (or, with eviction "none", first refuses
+one): `kvrepro.analysis.fill_time_s` reads that from the evicted / rejected counters of the
+samples, or exactly from the run's stats (`<store>_first_eviction_s`,
+`<store>_first_refusal_s`).
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from kvrepro.records import RECORD_COLUMNS, RunWriter
+from kvrepro.records import RECORD_COLUMNS, RunWriter, typed_records
 
 if TYPE_CHECKING:
     from kvrepro.engines.sim.scheduler import Scheduler
@@ -121,27 +120,8 @@ class OutputSink:
         """Records typed like `kvrepro.records.read_run` returns them (with `ttft_s`)."""
         extra = list(dict.fromkeys(k for r in self.records[:1] for k in r
                                    if k not in RECORD_COLUMNS))
-        df = pd.DataFrame(self.records, columns=[*RECORD_COLUMNS, *extra])
-        df = df.astype({k: v for k, v in RECORD_COLUMNS.items() if v != "float64"})
-        df = df.astype({k: "float64" for k, v in RECORD_COLUMNS.items() if v == "float64"})
-        df["ttft_s"] = df.first_token_s - df.send_s
-        return df
+        return typed_records(pd.DataFrame(self.records, columns=[*RECORD_COLUMNS, *extra]))
 
     def samples_frame(self) -> pd.DataFrame:
         """Samples as a frame, one row per sample."""
         return pd.DataFrame(self.samples)
-
-
-def fill_time_s(samples: pd.DataFrame, store: str, frac: float = 1.0) -> float:
-    """First sample time at which `store` holds >= frac of its capacity (NaN: never).
-
-    With frac = 1 (default) that is when it is full: the next chunk written evicts one.
-    Samples are `sample_interval_s` apart, so this is the fill time rounded up to the next
-    sample; `stats["<store>_first_eviction_s"]` has it exactly.
-    """
-    used, cap = f"{store}_bytes_used", f"{store}_capacity_bytes"
-    if used not in samples.columns:
-        raise ValueError(f"samples have no column {used!r} (stores: "
-                         f"{[c[:-11] for c in samples.columns if c.endswith('_bytes_used')]})")
-    full = samples[(samples[cap] > 0) & (samples[used] >= frac * samples[cap])]
-    return float(full["time_s"].iloc[0]) if len(full) else math.nan

@@ -20,7 +20,8 @@ Each step:
    Without `load_async` the load is part of the step and the step waits for it.
 
 At the end of a step: computed tokens advance, new full blocks are committed to the prefix
-cache, completed chunks are written to the offload stores, and a request whose computed
+cache, completed chunks of the prompt (and of the output too with `save_decode_kv`, as
+LMCache's save_decode_cache) are written to the offload stores, and a request whose computed
 tokens reach num_tokens samples one token (the first one ends its prefill: TTFT).
 """
 
@@ -77,6 +78,7 @@ class Scheduler:
         self.offload = OffloadHierarchy(tier, kv_bytes) if tier.offload else None
         self.chunk_tokens = self.offload.chunk_tokens if self.offload else 0
         self.load_async = tier.load_async
+        self.save_decode_kv = tier.save_decode_kv
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.ready: deque[Request] = deque()
@@ -284,8 +286,10 @@ class Scheduler:
             if full > req.committed_blocks:
                 gpu.commit(req.block_ranges, req.committed_blocks, full)
                 req.committed_blocks = full
-            if offload is not None and c >= (req.saved_chunks + 1) * ct:
-                upto = c // ct
+            # LMCache stores the prompt's whole chunks; decode KV only with save_decode_cache
+            saved = c if self.save_decode_kv else min(c, req.prompt_tokens)
+            if offload is not None and saved >= (req.saved_chunks + 1) * ct:
+                upto = saved // ct
                 offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
                 req.saved_chunks = upto
             if c == req.prompt_tokens + req.generated_tokens:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 # The pause between turns is not in the study; fitted to the DRAM tier's fill time (~45 min)
-# and peak gain of A2 (see data/sim/study_a.yaml).
+# and peak gain of A2 (see data/servers/study_a.yaml).
 STUDY_A_PAUSE = {"kind": "lognormal", "mean_s": 60.0, "sigma": 1.0}
 
 _RELATIVE_20 = ("A2.baseline_plateau", "A2.dram_peak_gain", "A2.flash_peak_gain",

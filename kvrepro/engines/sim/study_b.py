@@ -1,6 +1,6 @@
 """Study B on the simulator: the B6 prompt-caching microbenchmark and the B7 QPS sweep.
 
-The server is `data/sim/study_b.yaml` (one H100 PCIe, Qwen3-14B BF16, vLLM + LMCache; tiers
+The server is `data/servers/study_b.yaml` (one H100 PCIe, Qwen3-14B BF16, vLLM + LMCache; tiers
 `mem`, `ssd1`..`ssd4`, `opt`, each a single offload store named like the tier, so records
 carry `loaded_tokens_<tier>`). Where each number comes from is written in that file.
 
@@ -66,8 +66,8 @@ each measured request runs alone and its TTFT is the tier's best case, not a que
 
 
 def study_b_profile(path: str | Path | None = None) -> SimProfile:
-    """The study-B server profile (`data/sim/study_b.yaml` unless `path` is given)."""
-    return load_profile(path if path else data_file("sim", "study_b.yaml"))
+    """The study-B server profile (`data/servers/study_b.yaml` unless `path` is given)."""
+    return load_profile(path if path else data_file("servers", "study_b.yaml"))
 
 
 def _rebuild(tree: dict) -> SimProfile:

