@@ -33,6 +33,12 @@ def _reproduce(args: argparse.Namespace) -> int:
     print(reference.format_headlines(result.headlines))
     for failure in result.failures:
         print(f"\nFAILED: {failure}", file=sys.stderr)
+    if args.store_checked_outputs and not result.failures:
+        from kvrepro.reproduce import store_checked_outputs
+
+        for executed in result.executed:
+            count = store_checked_outputs(executed, Path(args.notebooks) / executed.name)
+            print(f"stored {count} checked output(s) in {Path(args.notebooks) / executed.name}")
     return 1 if result.failures else 0
 
 
@@ -196,6 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--notebooks", default="notebooks", help="folder of NN_name.ipynb")
     rep.add_argument("--figures", default="figures", help="where figures are written")
     rep.add_argument("--runs", default="runs", help="where executed notebooks are written")
+    rep.add_argument("--store-checked-outputs", action="store_true",
+                     help="copy the outputs of '# NBVAL_CHECK_OUTPUT' cells back into the "
+                          "notebooks (accept on purpose a change that moves a checked number)")
     rep.set_defaults(func=_reproduce)
     _add_run_parser(sub)
     return parser

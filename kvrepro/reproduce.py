@@ -128,3 +128,34 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
     result.headlines = reference.collect_headlines(result.run_dir / "results")
     result.headlines.to_csv(result.run_dir / "headline_numbers.csv", index=False)
     return result
+
+
+CHECK_MARK = "# NBVAL_CHECK_OUTPUT"
+"""Cells whose outputs nbval compares with the ones stored in the notebook (`make test`)."""
+
+
+def store_checked_outputs(executed: str | Path, source: str | Path) -> int:
+    """Copy the outputs of an executed notebook's checked cells into its source notebook.
+
+    Why: nbval fails `make test` when a checked number moves, until the stored output is
+    updated on purpose; this is that update (`kvrepro reproduce --store-checked-outputs`).
+    Cells are matched by id (papermill keeps them); only checked cells change. Returns how
+    many cells were updated.
+    """
+    import nbformat
+
+    ran = nbformat.read(str(executed), as_version=4)
+    outputs = {c.get("id"): c.get("outputs", []) for c in ran.cells if c.cell_type == "code"
+               and c.source.lstrip().startswith(CHECK_MARK)}
+    nb = nbformat.read(str(source), as_version=4)
+    updated = 0
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.get("id") in outputs:
+            cell.outputs = outputs[cell.get("id")]
+            cell.execution_count = None
+            for out in cell.outputs:
+                if out.get("output_type") == "execute_result":
+                    out["execution_count"] = None
+            updated += 1
+    nbformat.write(nb, str(source))
+    return updated

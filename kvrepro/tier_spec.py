@@ -275,6 +275,15 @@ def load_server(path: str | Path) -> ServerSpec:
     return _validate(raw, str(src))
 
 
+def with_lmcache_flag(spec: ServerSpec, flag: str, value: Any) -> ServerSpec:
+    """`spec` with one LMCache flag set on every tier that has offload stores (a what-if)."""
+    if flag not in LMCacheFlags.model_fields:
+        known = sorted(LMCacheFlags.model_fields)
+        raise ValueError(f"unknown LMCache flag {flag!r}; known: {known}")
+    return override_server(spec, {f"tiers.{name}.lmcache.{flag}": value
+                                  for name, tier in spec.tiers.items() if tier.stores})
+
+
 def shipped_server(name: str) -> ServerSpec:
     """A server spec shipped in `data/servers/` (`study_a`, `study_b`, `cpu_tiny`)."""
     from kvrepro._paths import data_file

@@ -12,6 +12,7 @@ import pytest
 from kvrepro.analysis import block_traces as blocks
 from kvrepro.calc import endurance
 from kvrepro.plots import block_trace_figures as bplots
+from kvrepro.workload import synthetic_bailian as bailian
 from kvrepro.workload.trace_replay import read_mooncake_trace, read_qwen_bailian_trace
 
 MOONCAKE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"
@@ -225,20 +226,20 @@ def test_reuse_times_by_hand(small: pd.DataFrame) -> None:
 
 
 def test_synthetic_bailian_is_deterministic_and_readable(tmp_path: Path) -> None:
-    spec = blocks.BailianSpec(seed=3, duration_s=900.0, warmup_s=300.0, chat_rate_per_s=0.5)
-    a = blocks.synthetic_bailian(tmp_path / "a.jsonl", spec)
-    b = blocks.synthetic_bailian(tmp_path / "b.jsonl", spec)
+    spec = bailian.BailianSpec(seed=3, duration_s=900.0, warmup_s=300.0, chat_rate_per_s=0.5)
+    a = bailian.synthetic_bailian(tmp_path / "a.jsonl", spec)
+    b = bailian.synthetic_bailian(tmp_path / "b.jsonl", spec)
     assert a.read_bytes() == b.read_bytes()
-    other = blocks.synthetic_bailian_frame(blocks.BailianSpec(seed=4, duration_s=900.0))
-    assert not other.equals(blocks.synthetic_bailian_frame(spec))
+    other = bailian.synthetic_bailian_frame(bailian.BailianSpec(seed=4, duration_s=900.0))
+    assert not other.equals(bailian.synthetic_bailian_frame(spec))
     frame = read_qwen_bailian_trace(a).frame  # strict: every line is valid
     assert frame.arrival_s.between(0, 900, inclusive="left").all()
-    assert set(frame.request_type) <= set(blocks.BAILIAN_TYPES)
+    assert set(frame.request_type) <= set(bailian.BAILIAN_TYPES)
     assert frame.chat_id.is_unique and frame.arrival_s.is_monotonic_increasing
 
 
 def test_synthetic_bailian_turns_share_their_parents_full_blocks() -> None:
-    frame = blocks.synthetic_bailian_frame(blocks.BailianSpec(seed=1, duration_s=600.0))
+    frame = bailian.synthetic_bailian_frame(bailian.BailianSpec(seed=1, duration_s=600.0))
     by_id = frame.set_index("chat_id")
     children = frame[frame.parent_chat_id.isin(by_id.index)]
     assert len(children) > 100
@@ -253,7 +254,7 @@ def test_synthetic_bailian_turns_share_their_parents_full_blocks() -> None:
 
 
 def test_synthetic_bailian_working_set_is_hundreds_of_gb() -> None:
-    frame = blocks.synthetic_bailian_frame(blocks.BailianSpec(seed=0, duration_s=1800.0))
+    frame = bailian.synthetic_bailian_frame(bailian.BailianSpec(seed=0, duration_s=1800.0))
     df = frame.rename(columns={"timestamp": "arrival_s"})
     summary = blocks.working_set_summary(blocks.working_set(df, 16, QWEN3_14B_KV, ttl_s=600.0))
     assert 100 < summary["ws_start_gb"] <= summary["ws_peak_gb"] < 1000

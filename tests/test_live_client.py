@@ -438,6 +438,18 @@ def test_fake_clock_duration_stops_new_turns_and_drains(tmp_path: Path) -> None:
     assert stats.elapsed_s == pytest.approx(56.0)
 
 
+def test_fake_clock_default_end_rule_waits_for_every_request_sent(tmp_path: Path) -> None:
+    # kvrepro.engines.run_result: no drain limit by default; a request sent before the end
+    # runs to completion (here 1,000 s after it, within its 5,000 s request timeout).
+    stats, rec, _ = fake_run(tmp_path, {"duration_s": 50.0, "drain_timeout_s": None,
+                                        "request_timeout_s": 5000.0}, slow={3: 1000.0})
+    assert rec.loc[(0, 2), "error"] == "" and rec.loc[(0, 2), "finish_s"] == pytest.approx(1026.0)
+    assert stats.requests_cancelled == 0 and stats.elapsed_s == pytest.approx(1026.0)
+    from kvrepro.engines.live.client import ClientConfig
+
+    assert ClientConfig(base_url="x", model="m", tier="t").drain_timeout_s is None
+
+
 def test_fake_clock_drain_timeout_cancels_the_request(tmp_path: Path) -> None:
     stats, rec, _ = fake_run(tmp_path, {"duration_s": 50.0, "drain_timeout_s": 10.0},
                              slow={3: 1000.0})

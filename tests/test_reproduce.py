@@ -76,3 +76,22 @@ def test_workload_notebook_matches_package(tmp_path) -> None:
     assert got["A5.resumes"] == len(resumes_in_window(expected))
     assert load_workload(tmp_path / "wl").digest() == expected.digest()
     assert (tmp_path / "fig" / "workload-context-growth.png").exists()
+
+
+def test_store_checked_outputs_updates_only_checked_cells(tmp_path) -> None:
+    import nbformat
+
+    from kvrepro.reproduce import store_checked_outputs
+
+    source = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1", id="plain"),
+        nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(x)", id="checked")])
+    ran = nbformat.reads(nbformat.writes(source), as_version=4)
+    ran.cells[0].outputs = [nbformat.v4.new_output("stream", text="ignored\n")]
+    ran.cells[1].outputs = [nbformat.v4.new_output("stream", text="targets met: 8 of 19\n")]
+    nbformat.write(source, tmp_path / "src.ipynb")
+    nbformat.write(ran, tmp_path / "ran.ipynb")
+    assert store_checked_outputs(tmp_path / "ran.ipynb", tmp_path / "src.ipynb") == 1
+    stored = nbformat.read(tmp_path / "src.ipynb", as_version=4)
+    assert stored.cells[0].outputs == []
+    assert stored.cells[1].outputs[0]["text"] == "targets met: 8 of 19\n"

@@ -18,7 +18,7 @@ import yaml
 from kvrepro.calc import economics
 from kvrepro.engines.live.tiers import live_tiers, lmcache_config, server_command
 from kvrepro.engines.sim import load_profile, sim_profile, simulate
-from kvrepro.tier_spec import load_server, override_server, shipped_server
+from kvrepro.tier_spec import load_server, override_server, shipped_server, with_lmcache_flag
 from kvrepro.workload import AgenticSpec, generate_agentic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +84,14 @@ def test_lmcache_defaults_reach_both_engines() -> None:
     on = override_server(spec, {"tiers.flash.lmcache.enable_async_loading": True})
     assert lmcache_config(live_tiers(on)["flash"])["enable_async_loading"] is True
     assert sim_profile(on).tiers["flash"].load_async is True
+
+
+def test_one_flag_on_every_offload_tier() -> None:
+    spec = with_lmcache_flag(shipped_server("study_a"), "enable_async_loading", True)
+    flags = {name: t.lmcache.enable_async_loading for name, t in spec.tiers.items()}
+    assert flags == {"baseline": False, "dram": True, "flash": True}
+    with pytest.raises(ValueError, match="unknown LMCache flag 'async'"):
+        with_lmcache_flag(spec, "async", True)
 
 
 def test_dram_gb_what_if_reaches_the_simulator_the_server_and_the_bill() -> None:
@@ -233,3 +241,23 @@ def test_neither_engine_imports_the_other(engine: str, other: str) -> None:
 def test_no_two_modules_share_a_name() -> None:
     names = Counter(p.stem for p in (ROOT / "kvrepro").rglob("*.py") if p.stem != "__init__")
     assert not {n: c for n, c in names.items() if c > 1}
+
+
+def test_both_engines_share_the_end_of_run_rule() -> None:
+    from kvrepro import engines
+    from kvrepro.engines.live.runner import LiveOptions
+    from kvrepro.engines.run_result import DRAIN_TIMEOUT_S
+
+    assert DRAIN_TIMEOUT_S is None and LiveOptions().drain_timeout_s is None
+    workload = generate_agentic(AgenticSpec(seed=2, session_rate_per_min=6, duration_s=300,
+                                            context_cap_tokens=8192))
+    server = load_server(Path(__file__).resolve().parent / "sim" / "profile_small.yaml")
+    full = engines.run("sim", workload, server, "baseline", progress=False)
+    cut = engines.run("sim", workload, server, "baseline", progress=False, drain_timeout_s=0.0)
+    assert full.meta["stats"]["unfinished"] == 0  # everything sent runs to completion
+    assert cut.meta["stats"]["unfinished"] > 0
+    assert len(full.records) == len(cut.records) + cut.meta["stats"]["unfinished"]
+    assert (cut.records.finish_s <= 300.0 + 1e-9).all()
+    assert full.records.finish_s.max() > 300.0
+    with pytest.raises(ValueError, match="unknown engine 'gpu'"):
+        engines.run("gpu", workload, server, "baseline")

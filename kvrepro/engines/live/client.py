@@ -41,6 +41,7 @@ import aiohttp
 import numpy as np
 import pandas as pd
 
+from kvrepro.engines.run_result import DRAIN_TIMEOUT_S
 from kvrepro.engines.send_rule import send_time_s
 from kvrepro.records import RunWriter
 from kvrepro.workload.base import Workload
@@ -164,7 +165,7 @@ class ClientConfig:
     request_timeout_s: float = 600.0
     duration_s: float | None = None
     warmup_s: float = 0.0
-    drain_timeout_s: float = 120.0
+    drain_timeout_s: float | None = DRAIN_TIMEOUT_S  # the rule of kvrepro.engines.run_result
     max_connections: int = 1024
     max_in_flight: int | None = None
     extra_body: dict[str, Any] | None = None
@@ -460,14 +461,18 @@ class _Run:
         return next(reason for task, reason in waiters.items() if task in done)
 
     async def _drain(self) -> None:
-        """Let requests in flight finish for `drain_timeout_s`, then cancel them (recorded)."""
+        """Let requests in flight finish (for at most `drain_timeout_s` when it is set; each is
+        bounded by its request timeout anyway), then cancel what is left (recorded)."""
         if self.in_flight:
             finished = asyncio.gather(*self.in_flight, return_exceptions=True)
-            timer = asyncio.create_task(self.sleep_until(self.now_s()
-                                                         + self.config.drain_timeout_s))
-            await asyncio.wait({finished, timer}, return_when=asyncio.FIRST_COMPLETED)
-            timer.cancel()
-            await asyncio.gather(timer, return_exceptions=True)
+            limit_s = self.config.drain_timeout_s
+            waiters: set[asyncio.Future[Any]] = {finished}
+            if limit_s is not None:
+                waiters.add(asyncio.create_task(self.sleep_until(self.now_s() + limit_s)))
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters - {finished}:
+                waiter.cancel()
+            await asyncio.gather(*(waiters - {finished}), return_exceptions=True)
         for task in list(self.sessions):
             task.cancel()
         await asyncio.gather(*self.sessions, self.launcher, return_exceptions=True)
