@@ -145,17 +145,15 @@ def store_checked_outputs(executed: str | Path, source: str | Path) -> int:
     import nbformat
 
     ran = nbformat.read(str(executed), as_version=4)
-    outputs = {c.get("id"): c.get("outputs", []) for c in ran.cells if c.cell_type == "code"
+    checked = {c.get("id"): c for c in ran.cells if c.cell_type == "code"
                and c.source.lstrip().startswith(CHECK_MARK)}
     nb = nbformat.read(str(source), as_version=4)
     updated = 0
     for cell in nb.cells:
-        if cell.cell_type == "code" and cell.get("id") in outputs:
-            cell.outputs = outputs[cell.get("id")]
-            cell.execution_count = None
-            for out in cell.outputs:
-                if out.get("output_type") == "execute_result":
-                    out["execution_count"] = None
+        if cell.cell_type == "code" and cell.get("id") in checked:
+            done = checked[cell.get("id")]
+            # nbval treats a cell without an execution count as unrun, so keep the count
+            cell.outputs, cell.execution_count = done.outputs, done.execution_count
             updated += 1
     nbformat.write(nb, str(source))
     return updated

