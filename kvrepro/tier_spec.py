@@ -74,8 +74,8 @@ class EngineSpec(_Strict):
     max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
 
 
-class TwinSpec(_Strict):
-    """The simulator's model of the hardware (read only by the simulator)."""
+class TwinRates(_Strict):
+    """The simulator's roofline of the hardware (the simulator's `ServerProfile` has them too)."""
 
     fp16_tflops: float = Field(gt=0, description="effective peak rate of the whole TP group, "
                                "TFLOP/s (what prefill FLOPs are divided by)")
@@ -86,7 +86,14 @@ class TwinSpec(_Strict):
     step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "
                                    "(scheduling, launch, sampling)")
     front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
-                                       "work the client sees on top of the engine")
+                                       "work (HTTP, tokenizing, streaming) that a client sees "
+                                       "on top of the engine: added to first-token and finish "
+                                       "times, so a session's next turn waits for it too")
+
+
+class TwinSpec(TwinRates):
+    """The simulator's model of the server (read only by the simulator)."""
+
     sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
 
 

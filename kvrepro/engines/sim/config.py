@@ -35,34 +35,23 @@ from pydantic import (
 
 from kvrepro.calc.models import ModelSpec, get_model
 from kvrepro.calc.roofline import GpuSpec
-from kvrepro.tier_spec import ServerSpec, StoreSpec, TierSpec, load_server
+from kvrepro.tier_spec import ServerSpec, StoreSpec, TierSpec, TwinRates, load_server
 
 
-class ServerProfile(BaseModel):
-    """One vLLM instance: model, GPU-group rates for the roofline, KV capacity, limits."""
+class ServerProfile(TwinRates):
+    """One vLLM instance: model, GPU-group rates for the roofline (the spec's `twin`), KV
+    capacity and limits (the spec's `engine`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or an "
                                                "inline ModelSpec mapping")
-    fp16_tflops: float = Field(gt=0, description="effective peak rate of the whole TP group, "
-                                                 "TFLOP/s (what prefill FLOPs are divided by)")
-    mem_bw_tb_s: float = Field(gt=0, description="memory bandwidth of the TP group, TB/s")
-    mfu: float = Field(0.5, gt=0, le=1, description="utilisation of fp16_tflops in prefill")
-    decode_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of mem_bw_tb_s "
-                                                                  "a step achieves")
-    step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "
-                                                            "(scheduling, launch, sampling)")
     gpu_kv_bytes: float = Field(gt=0, description="KV cache capacity in GPU memory, bytes")
     block_tokens: int = Field(16, gt=0, description="prefix-cache block size, tokens")
     max_batched_tokens: int = Field(8192, gt=0, description="token budget per step "
                                                             "(chunked prefill)")
     max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
     max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
-    front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
-                                       "work (HTTP, tokenizing, streaming) that a client sees "
-                                       "on top of the engine: added to first-token and finish "
-                                       "times, so a session's next turn waits for it too")
 
     @field_validator("model")
     @classmethod
@@ -225,9 +214,8 @@ def sim_profile(spec: ServerSpec) -> SimProfile:
     """Render a server spec for the simulator (model, engine limits, twin rates, tiers)."""
     e, w = spec.engine, spec.twin
     server = ServerProfile(
-        model=spec.model, fp16_tflops=w.fp16_tflops, mem_bw_tb_s=w.mem_bw_tb_s, mfu=w.mfu,
-        decode_efficiency=w.decode_efficiency, step_overhead_s=w.step_overhead_s,
-        front_end_latency_s=w.front_end_latency_s, gpu_kv_bytes=e.kv_cache_bytes,
+        model=spec.model, **w.model_dump(include=set(TwinRates.model_fields)),
+        gpu_kv_bytes=e.kv_cache_bytes,
         block_tokens=e.block_tokens, max_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len)
     return SimProfile(description=spec.description, server=server,
