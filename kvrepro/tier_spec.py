@@ -112,30 +112,44 @@ class LiveSpec(_Strict):
     startup_timeout_s: float = Field(900, gt=0)
 
 
-class StoreSpec(_Strict):
-    """One offload store below the engine: what it holds, how it evicts, what it costs."""
+class StoreModel(_Strict):
+    """What an offload store holds, how it evicts, and the twin's model of its channels (the
+    simulator's `OffloadTier` is this plus the tier's chunk size)."""
 
     name: str = Field(min_length=1, description="dram, staging, flash, ...")
-    kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
     capacity_bytes: float = Field(ge=0, description="bytes of KV it holds (0: holds nothing)")
     eviction: Literal["lru", "ttl", "none"] = Field(
         "lru", description="lru (LMCache's default); ttl (expire after ttl_s unused, LRU when "
                            "full; simulator only); none (when full, keep what it holds and "
                            "store nothing new; a simulator what-if)")
     ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
-    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files to")
-    io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
-                                                     "cache or O_DIRECT")
     read_bw_bytes_s: float = Field(gt=0, description="twin: load bandwidth into the engine, B/s")
     write_bw_bytes_s: float = Field(gt=0, description="twin: store bandwidth, B/s")
     chunk_read_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk read")
     chunk_write_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk written")
     chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
         default_factory=list, description="twin: measured per-chunk read latencies (fio flash "
-                                          "profile); each chunk read draws one")
-    latency_seed: int = Field(0, ge=0, description="twin: seed of those draws")
+                                          "profile); each chunk read draws one instead of "
+                                          "chunk_read_latency_s")
+    latency_seed: int = Field(0, ge=0, description="twin: seed of those draws, with the name")
     max_write_backlog_s: float = Field(5.0, gt=0, description="twin: a write that would wait "
-                                       "longer than this in the write queue is dropped")
+                                       "longer than this in the write queue is dropped "
+                                       "(and counted)")
+
+    @model_validator(mode="after")
+    def _ttl_given(self) -> StoreModel:
+        if self.eviction == "ttl" and self.ttl_s is None:
+            raise ValueError(f"store {self.name!r}: eviction 'ttl' needs ttl_s")
+        return self
+
+
+class StoreSpec(StoreModel):
+    """One offload store of a server spec: the store model, its kind and place, its drives."""
+
+    kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
+    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files to")
+    io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
+                                                     "cache or O_DIRECT")
     drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
     drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
     raid_level: str = Field("RAID10", description="cost: layout of the flash array")
@@ -143,8 +157,6 @@ class StoreSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> StoreSpec:
         where = f"store {self.name!r}"
-        if self.eviction == "ttl" and self.ttl_s is None:
-            raise ValueError(f"{where}: eviction 'ttl' needs ttl_s")
         if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"):
             raise ValueError(f"{where}: a dram store takes no path, io_mode or drives")
         self.raid_level = normalize_raid_level(self.raid_level)

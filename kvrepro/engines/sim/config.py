@@ -22,20 +22,25 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    NonNegativeFloat,
     field_validator,
     model_validator,
 )
 
 from kvrepro.calc.models import ModelSpec, get_model
 from kvrepro.calc.roofline import GpuSpec
-from kvrepro.tier_spec import ServerSpec, StoreSpec, TierSpec, TwinRates, load_server
+from kvrepro.tier_spec import (
+    ServerSpec,
+    StoreModel,
+    StoreSpec,
+    TierSpec,
+    TwinRates,
+    load_server,
+)
 
 
 class ServerProfile(TwinRates):
@@ -94,37 +99,11 @@ class ServerProfile(TwinRates):
         return int(self.gpu_kv_bytes // self.block_bytes())
 
 
-class OffloadTier(BaseModel):
-    """One store below the GPU: capacity, read/write channels, chunking, eviction."""
+class OffloadTier(StoreModel):
+    """One store below the GPU as the simulator runs it: the spec's store model plus the
+    tier's chunk size (LMCache has one chunk size per tier)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, description="dram, flash, staging, ...")
-    capacity_bytes: float = Field(ge=0, description="bytes of KV it holds (0: holds nothing)")
-    read_bw_bytes_s: float = Field(gt=0, description="load bandwidth into the GPU, B/s")
-    write_bw_bytes_s: float = Field(gt=0, description="store bandwidth from the GPU, B/s")
     chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
-    chunk_read_latency_s: float = Field(0.0, ge=0, description="added per chunk read")
-    chunk_write_latency_s: float = Field(0.0, ge=0, description="added per chunk written")
-    chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
-        default_factory=list, description="measured per-chunk read latencies (kvrepro.storage "
-                                          "flash profile); when given, each chunk read draws "
-                                          "one of them instead of chunk_read_latency_s")
-    latency_seed: int = Field(0, ge=0, description="seed of those draws, with the store name")
-    eviction: Literal["lru", "ttl", "none"] = Field(
-        "lru", description="lru; ttl (expire after ttl_s unused, LRU when full); or none "
-                           "(when full, keep what it holds and store no new chunk: a what-if, "
-                           "not LMCache's default)")
-    ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
-    max_write_backlog_s: float = Field(5.0, gt=0, description="a write that would wait longer "
-                                                              "than this in the write queue "
-                                                              "is dropped (and counted)")
-
-    @model_validator(mode="after")
-    def _ttl_given(self) -> OffloadTier:
-        if self.eviction == "ttl" and self.ttl_s is None:
-            raise ValueError(f"tier {self.name!r}: eviction 'ttl' needs ttl_s")
-        return self
 
 
 class SimTier(BaseModel):
@@ -193,7 +172,7 @@ class SimProfile(BaseModel):
 
 
 def _store(store: StoreSpec, chunk_tokens: int) -> OffloadTier:
-    fields = store.model_dump(include=set(OffloadTier.model_fields) - {"chunk_tokens"})
+    fields = store.model_dump(include=set(StoreModel.model_fields))
     return OffloadTier(**fields, chunk_tokens=chunk_tokens)
 
 
