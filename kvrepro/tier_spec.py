@@ -101,6 +101,9 @@ class LiveSpec(_Strict):
     """How the live engine deploys the server (read only by the live engine)."""
 
     model: str = Field(description="model path, hub name, or kvrepro:tiny (the local tiny Llama)")
+    lmcache_mode: Literal["in_process", "multi_process"] = Field(
+        "in_process", description="LMCache inside vLLM (LMCacheConnectorV1, GPUs only) or as its "
+                                  "own `lmcache server` process (LMCacheMPConnector, CPUs too)")
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, gt=0, lt=65536)
@@ -150,6 +153,13 @@ class StoreSpec(StoreModel):
     path: str | None = Field(None, description="flash: the folder LMCache writes chunk files to")
     io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
                                                      "cache or O_DIRECT")
+    io_workers: int = Field(4, gt=0, description="flash, multi-process LMCache: I/O worker "
+                            "threads of the disk adapter (fs_native num_workers; its default 4)")
+    keep_files: bool = Field(False, description="flash, live: leave the chunk files the run "
+                             "wrote in the folder (default: the run removes exactly those)")
+    allow_existing_files: bool = Field(False, description="flash, live: serve from a folder "
+                                       "that already holds files (refused by default: they "
+                                       "would be mixed with this run's)")
     drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
     drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
     raid_level: str = Field("RAID10", description="cost: layout of the flash array")
@@ -157,8 +167,9 @@ class StoreSpec(StoreModel):
     @model_validator(mode="after")
     def _consistent(self) -> StoreSpec:
         where = f"store {self.name!r}"
-        if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"):
-            raise ValueError(f"{where}: a dram store takes no path, io_mode or drives")
+        if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"
+                                    or self.keep_files or self.allow_existing_files):
+            raise ValueError(f"{where}: a dram store takes no path, io_mode, files or drives")
         self.raid_level = normalize_raid_level(self.raid_level)
         if self.drives:
             raid_write_factor(self.raid_level, self.drives)  # a count the layout can't use
@@ -196,8 +207,6 @@ class TierSpec(_Strict):
     lmcache: LMCacheFlags = Field(default_factory=LMCacheFlags)
     kv_cache_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
                                          "if not the server's")
-    clean_disk_dir: bool = Field(False, description="live: empty the flash folder before and "
-                                 "after a run")
     twin_write_back: bool = Field(False, description="twin what-if: computed KV goes to the "
                                   "first store only and evicted chunks move one store down "
                                   "(LMCache writes to every store)")

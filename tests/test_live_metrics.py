@@ -123,7 +123,7 @@ def test_malformed_text_raises_a_clear_error(text: str) -> None:
 
 @pytest.mark.parametrize("text", ["", "# nothing here\n", "process_open_fds 34.0\n"])
 def test_text_without_vllm_series_is_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="no vllm:\\* or lmcache:\\* series"):
+    with pytest.raises(ValueError, match=r"no vllm:\*, lmcache:\* or lmcache_mp_\* series"):
         parse_metrics(text)
 
 

@@ -97,10 +97,14 @@ def fake_lmcache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
     package.mkdir(parents=True)
     (tmp_path / "lmcache" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
+    real = {n: m for n, m in sys.modules.items() if n == "lmcache" or n.startswith("lmcache.")}
+    for name in real:  # the installed lmcache (make live-cpu), if imported, steps aside
+        del sys.modules[name]
     monkeypatch.syspath_prepend(str(tmp_path))
     yield package / "config.py"
     for name in [n for n in sys.modules if n == "lmcache" or n.startswith("lmcache.")]:
         del sys.modules[name]
+    sys.modules.update(real)
 
 
 def test_installed_keys_read_config_definitions(fake_lmcache: Path) -> None:

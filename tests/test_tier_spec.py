@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from kvrepro.calc import economics
+from kvrepro.engines.live.server import with_free_ports
 from kvrepro.engines.live.tiers import live_tiers, lmcache_config, server_command
 from kvrepro.engines.sim import load_profile, sim_profile, simulate
 from kvrepro.tier_spec import load_server, override_server, shipped_server, with_lmcache_flag
@@ -41,7 +42,7 @@ def test_every_spec_renders_consistently_for_both_engines_and_the_bill(path: Pat
     bills = economics.server_hardware(spec)
     assert set(sim.tiers) == set(live) == set(bills) == set(spec.tiers)
     for name, tier in spec.tiers.items():
-        cmd = server_command(live[name], python="python", model_path="m")
+        cmd = server_command(with_free_ports(live[name]), python="python", model_path="m")
         tp = int(_flag(cmd, "--tensor-parallel-size"))
         kv_per_gpu = int(_flag(cmd, "--kv-cache-memory-bytes"))
         server = sim.server_for(name)
@@ -56,19 +57,47 @@ def test_every_spec_renders_consistently_for_both_engines_and_the_bill(path: Pat
         flash = [s for s in tier.stores if s.kind == "flash"]
         assert bill.dram_gb * 1e9 == pytest.approx(sum(s.capacity_bytes for s in dram))
         assert bill.drives == sum(s.drives for s in flash)
-        if cfg is None:
+        if live[name].lmcache_mp is not None:
+            _check_multi_process(with_free_ports(live[name]), sim_tier, dram, flash)
+        elif cfg is None:
             assert not tier.stores, name
-            continue
-        assert {s.chunk_tokens for s in sim_tier.offload} == {cfg["chunk_size"]}
-        assert cfg["local_cpu"] is bool(dram)
-        if dram:
-            assert cfg["max_local_cpu_size"] * GIB == pytest.approx(dram[0].capacity_bytes)
-            assert sim_bytes[dram[0].name] == pytest.approx(cfg["max_local_cpu_size"] * GIB)
-        if flash:
-            assert cfg["max_local_disk_size"] * GIB == pytest.approx(flash[0].capacity_bytes)
-            assert cfg["local_disk"] == f"file://{flash[0].path.rstrip('/')}/"
-        assert cfg["enable_async_loading"] is sim_tier.load_async
-        assert cfg["save_decode_cache"] is sim_tier.save_decode_kv
+        else:
+            _check_in_process(cfg, sim_tier, dram, flash)
+
+
+def _check_in_process(cfg: dict, sim_tier, dram: list, flash: list) -> None:
+    """LMCache's YAML (GiB) against the simulator's stores and flags."""
+    assert {s.chunk_tokens for s in sim_tier.offload} == {cfg["chunk_size"]}
+    assert cfg["local_cpu"] is bool(dram)
+    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.offload}
+    if dram:
+        assert sim_bytes[dram[0].name] == pytest.approx(cfg["max_local_cpu_size"] * GIB)
+    if flash:
+        assert sim_bytes[flash[0].name] == pytest.approx(cfg["max_local_disk_size"] * GIB)
+        assert cfg["local_disk"] == f"file://{flash[0].path.rstrip('/')}/"
+    assert cfg["enable_async_loading"] is sim_tier.load_async
+    assert cfg["save_decode_cache"] is sim_tier.save_decode_kv
+
+
+def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
+    """The `lmcache server` command, read by LMCache's own parser, against the simulator."""
+    import json
+
+    from kvrepro.engines.live.lmcache_keys import check_lmcache_server_args
+    from kvrepro.engines.live.tiers import lmcache_server_args
+
+    args = check_lmcache_server_args(lmcache_server_args(tier))
+    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.offload}
+    assert {s.chunk_tokens for s in sim_tier.offload} == {args.chunk_size}
+    assert sim_bytes[dram[0].name] == pytest.approx(args.l1_size_gb * GIB)
+    assert (args.l2_store_policy == "skip_l1") is sim_tier.skip_l1
+    adapters = [json.loads(a) for a in args.l2_adapter]
+    assert len(adapters) == len(flash)
+    for adapter, store in zip(adapters, flash, strict=True):
+        assert sim_bytes[store.name] == pytest.approx(adapter["max_capacity_gb"] * GIB)
+        assert adapter["base_path"] == store.path
+        assert adapter["use_odirect"] is (store.io_mode == "o_direct")
+    assert sim_tier.load_async is False and sim_tier.save_decode_kv is False  # MP: defaults
 
 
 def test_lmcache_defaults_reach_both_engines() -> None:

@@ -6,8 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from kvrepro.engines.live.lmcache_keys import validate_lmcache_config
-from kvrepro.engines.live.tiers import TierConfig, lmcache_config, load_tiers, server_args
+from kvrepro.engines.live.lmcache_keys import check_lmcache_server_args, validate_lmcache_config
+from kvrepro.engines.live.server import with_free_ports
+from kvrepro.engines.live.tiers import (
+    TierConfig,
+    live_tiers,
+    lmcache_config,
+    lmcache_server_args,
+    load_tiers,
+    server_args,
+)
+from kvrepro.tier_spec import shipped_server
 from tests.live.conftest import require_vllm
 
 TIER_FILES = sorted((Path(__file__).resolve().parents[2] / "data" / "servers").glob("*.yaml"))
@@ -30,15 +39,36 @@ def test_shipped_tier_files_load() -> None:
         assert tiers
         kinds |= {t.kind for t in tiers.values()}
     assert kinds == {"baseline", "dram", "flash"}
+    tiny = load_tiers(TIER_FILES[[p.name for p in TIER_FILES].index("cpu_tiny.yaml")])
+    assert tiny["dram"].lmcache_mp is not None and tiny["flash"].lmcache_mp is not None
 
 
+def _rendered(path: Path, mode: str | None):
+    return [with_free_ports(t) for t in live_tiers(shipped_server(path.stem), mode).values()]
+
+
+@pytest.mark.parametrize("mode", [None, "in_process", "multi_process"])
 @pytest.mark.parametrize("path", TIER_FILES, ids=lambda p: p.name)
-def test_commands_pass_vllms_parser(path: Path, vllm_parser) -> None:
-    for tier in load_tiers(path).values():
+def test_commands_pass_vllms_parser(path: Path, mode: str | None, vllm_parser) -> None:
+    if mode == "in_process" and path.stem == "cpu_tiny":
+        pytest.skip("in-process LMCache needs a GPU (LMCACHE_CPU.md)")
+    if mode == "multi_process" and path.stem == "study_b":
+        with pytest.raises(ValueError, match="multi-process LMCache needs a dram store"):
+            _rendered(path, mode)  # study B's SSD tiers have no CPU copy; LMCache MP has an L1
+        return
+    for tier in _rendered(path, mode):
         args = vllm_parser.parse_args(server_args(tier, model_path="some/model"))
         assert args.enable_prefix_caching and args.enable_prompt_tokens_details
         assert args.port == tier.port and args.max_model_len == tier.max_model_len
-        if tier.kind in ("dram", "flash"):
+        if tier.lmcache_mp is not None:
+            connector = args.kv_transfer_config
+            assert connector.kv_connector == "LMCacheMPConnector"
+            assert connector.kv_connector_extra_config["lmcache.mp.port"] == tier.lmcache_mp.port
+            parsed = check_lmcache_server_args(lmcache_server_args(tier))
+            assert parsed.l1_size_gb * 2**30 == pytest.approx(
+                tier.lmcache_mp.l1_size_gib * 2**30)
+            assert parsed.l2_store_policy == tier.lmcache_mp.l2_store_policy
+        elif tier.kind in ("dram", "flash"):
             connector = args.kv_transfer_config
             assert connector.kv_connector == "LMCacheConnectorV1"
             assert connector.kv_role == "kv_both"
@@ -76,7 +106,7 @@ def _tier(**fields) -> dict:
 def test_tier_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(ValueError, match="flash needs lmcache.local_disk_path"):
         TierConfig(**_tier(kind="flash", lmcache={"max_local_cpu_size_gib": 1}))
-    with pytest.raises(ValueError, match="needs an 'lmcache' section"):
+    with pytest.raises(ValueError, match="needs one 'lmcache' .* or 'lmcache_mp'"):
         TierConfig(**_tier(kind="dram"))
     with pytest.raises(ValueError, match="native_offload_gib"):
         TierConfig(**_tier(kind="native_offload"))

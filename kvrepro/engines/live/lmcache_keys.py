@@ -4,10 +4,12 @@ Why: LMCache reads its YAML config (`LMCACHE_CONFIG_FILE`) leniently. In 0.5.0 a
 is only *logged* ("Unknown configuration key: ...") and dropped, so a misspelled
 `max_local_cpu_sise: 512` would serve the DRAM tier with the default 5 GB and nothing would
 fail. The live engine therefore checks every config it writes with `validate_lmcache_config`
-against the keys LMCache itself defines. lmcache is a GPU build and cannot be installed on the
-test machines, so the key list is pinned here, extracted from a named release; on a machine
-where lmcache *is* installed, `installed_lmcache_keys` reads the installed package's own
-definitions instead, and the two can be compared.
+against the keys LMCache itself defines. Study A ran the in-process form of release 0.5.0,
+which needs a GPU, so its key list is pinned here, extracted from that release; the CPU
+machines install lmcache 0.5.6 for its multi-process server (`make live-cpu`), and
+`installed_lmcache_keys` reads an installed package's own definitions, so the two can be
+compared. Multi-process commands are checked with LMCache's own argument parser
+(`check_lmcache_server_args`).
 
 How `LMCACHE_KEYS` was extracted (redo it this way for another release):
 
@@ -242,7 +244,7 @@ def validate_lmcache_config(cfg: dict[str, Any], known_keys: Iterable[str] | Non
 
 def installed_lmcache_keys() -> set[str] | None:
     """The config keys of the installed lmcache, read from its own definitions; None when
-    lmcache is not installed (every machine without a GPU).
+    lmcache is not installed.
 
     Recent releases keep them in `lmcache.v1.config._CONFIG_DEFINITIONS`; the oldest v1
     releases only have the dataclass `LMCacheEngineConfig`, whose fields are the keys.
@@ -259,3 +261,23 @@ def installed_lmcache_keys() -> set[str] | None:
         return {field.name for field in dataclasses.fields(config_class)}
     raise RuntimeError(f"lmcache is installed but {config.__name__} has neither "
                        f"{LMCACHE_SOURCE_OBJECT} nor a dataclass LMCacheEngineConfig")
+
+
+def check_lmcache_server_args(args: list[str]) -> Any:
+    """Parse `lmcache server ...` arguments with LMCache's own parser (and its L2 adapter
+    parser), so a generated multi-process command fails here rather than at deploy time.
+
+    Needs the lmcache package (installed by `make live-cpu`); returns the parsed namespace.
+    """
+    import argparse
+
+    from lmcache.cli.commands.server import ServerCommand
+    from lmcache.v1.distributed.l2_adapters.config import parse_args_to_l2_adapters_config
+
+    if not args or args[0] != "server":
+        raise ValueError(f"not an `lmcache server` command: {args[:2]}")
+    parser = argparse.ArgumentParser(prog="lmcache server", exit_on_error=False)
+    ServerCommand().add_arguments(parser)
+    namespace = parser.parse_args(args[1:])
+    parse_args_to_l2_adapters_config(namespace)
+    return namespace

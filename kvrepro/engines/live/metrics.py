@@ -93,7 +93,27 @@ VLLM_SERIES: tuple[Series, ...] = (
     *_histogram("queue_time", "vllm:request_queue_time_seconds"),
     *_histogram("prefill_time", "vllm:request_prefill_time_seconds"),
 )
-GAUGE_KEYS = frozenset(s.key for s in VLLM_SERIES if not s.cumulative)
+# The multi-process LMCache server's own /metrics (its HTTP API), as lmcache 0.5.6 names them
+# (seen on this machine, LMCACHE_CPU.md's setup): lookups and hits per tier (L1 = its DRAM,
+# L2 = its disk adapter), chunks written / read / evicted in L1, chunks stored to and loaded
+# from L2, and what each tier holds. Counters are tokens or chunks; usage is bytes.
+LMCACHE_MP_SERIES: tuple[Series, ...] = (
+    Series("lmcache_lookup_tokens", ("lmcache_mp_lookup_requested_tokens_total",)),
+    Series("lmcache_hit_tokens", ("lmcache_mp_lookup_hit_tokens_total",)),
+    Series("lmcache_l1_hit_tokens", ("lmcache_mp_lookup_hit_l1_tokens_total",)),
+    Series("lmcache_l2_hit_tokens", ("lmcache_mp_lookup_hit_l2_tokens_total",)),
+    Series("lmcache_l1_write_chunks", ("lmcache_mp_l1_write_chunks_total",)),
+    Series("lmcache_l1_read_chunks", ("lmcache_mp_l1_read_chunks_total",)),
+    Series("lmcache_l1_evicted_chunks", ("lmcache_mp_l1_evicted_chunks_total",)),
+    Series("lmcache_l2_store_chunks", ("lmcache_mp_l2_store_completed_objects_chunks_total",)),
+    Series("lmcache_l2_load_chunks", ("lmcache_mp_l2_prefetch_load_completed_chunks_total",)),
+    Series("lmcache_l1_bytes_used", ("lmcache_mp_l1_memory_usage_bytes",), cumulative=False),
+    Series("lmcache_l1_usage_frac", ("lmcache_mp_l1_usage_ratio",), cumulative=False,
+           mean=True),
+    Series("lmcache_l2_bytes_used", ("lmcache_mp_l2_usage_bytes",), cumulative=False),
+)
+ALL_SERIES = VLLM_SERIES + LMCACHE_MP_SERIES
+GAUGE_KEYS = frozenset(s.key for s in ALL_SERIES if not s.cumulative)
 
 
 class SamplerClock(Protocol):
@@ -189,11 +209,11 @@ def parse_metrics(text: str) -> dict[str, float]:
     series at all (an HTML error page or the wrong port would otherwise pass as "no data").
     """
     by_name = _samples_by_name(_families(text))
-    if not any(name.startswith(("vllm:", "lmcache:")) for name in by_name):
-        raise ValueError("no vllm:* or lmcache:* series in the /metrics text "
-                         f"({len(by_name)} other series); is this a vLLM server?")
+    if not any(name.startswith(("vllm:", "lmcache:", "lmcache_mp_")) for name in by_name):
+        raise ValueError("no vllm:*, lmcache:* or lmcache_mp_* series in the /metrics text "
+                         f"({len(by_name)} other series); is this a vLLM or LMCache server?")
     out: dict[str, float] = {}
-    for series in VLLM_SERIES:
+    for series in ALL_SERIES:
         _select(series, by_name, out)
     _pass_through(by_name, out)
     return out
@@ -203,7 +223,7 @@ def is_cumulative(key: str) -> bool:
     """Whether a sample key is a counter (or histogram sum/count) that only grows."""
     if key.startswith(tuple(_clean(p) for p in PASS_THROUGH_PREFIXES)):
         return key.split("__", 1)[0].endswith(("_total", "_sum", "_count"))
-    for series in VLLM_SERIES:
+    for series in ALL_SERIES:
         if key == series.key or (series.split_label and key.startswith(series.key + "_")):
             return series.cumulative
     return False
@@ -254,8 +274,11 @@ def _next_slot(slot: int, elapsed_s: float, interval_s: float) -> int:
 
 async def sample_metrics(base_url: str, writer: SampleWriter, clock: SamplerClock,
                          interval_s: float, stop_event: asyncio.Event,
-                         session: aiohttp.ClientSession | None = None) -> int:
-    """Scrape `{base_url}/metrics` every `interval_s` until `stop_event` is set.
+                         session: aiohttp.ClientSession | None = None,
+                         extra_urls: Sequence[str] = ()) -> int:
+    """Scrape `{base_url}/metrics` (and `{url}/metrics` of each of `extra_urls`, e.g. the
+    LMCache server's) every `interval_s` until `stop_event` is set; one sample per scrape
+    holds all of them (an extra URL's failure is `scrape_error_<i>`, not the sample's).
 
     Each scrape is written as `{"time_s": <clock time when the scrape was sent>,
     "scrape_duration_s": ..., **parse_metrics(...)}`, or with `scrape_error` instead of the
@@ -266,6 +289,7 @@ async def sample_metrics(base_url: str, writer: SampleWriter, clock: SamplerCloc
     if interval_s <= 0:
         raise ValueError(f"interval_s must be positive, got {interval_s}")
     url = base_url.rstrip("/") + "/metrics"
+    extras = [u.rstrip("/") + "/metrics" for u in extra_urls]
     own_session = session is None
     if session is None:
         session = aiohttp.ClientSession()
@@ -275,6 +299,11 @@ async def sample_metrics(base_url: str, writer: SampleWriter, clock: SamplerCloc
         while not stop_event.is_set():
             sent_s = clock.now_s()
             values = await scrape_once(session, url)
+            for i, extra in enumerate(extras):
+                more = await scrape_once(session, extra)
+                if "scrape_error" in more:
+                    more = {f"scrape_error_{i + 1}": more["scrape_error"]}
+                values.update(more)
             writer.write_sample({"time_s": sent_s, "scrape_duration_s": clock.now_s() - sent_s,
                                  **values})
             written += 1

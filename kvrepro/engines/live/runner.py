@@ -58,8 +58,9 @@ async def _drive(server: VllmServer, workload: Workload, writer: RunWriter,
                  config: ClientConfig, interval_s: float) -> ClientStats:
     clock, stop = RealClock(), asyncio.Event()
     watchdog = asyncio.create_task(_watch(server, stop))
+    extra = [server.lmcache_url] if server.lmcache_url else []
     sampler = asyncio.create_task(sample_metrics(server.base_url, writer, clock, interval_s,
-                                                 stop))
+                                                 stop, extra_urls=extra))
     try:
         stats = await run_workload(workload, writer, config, clock=clock, stop_event=stop)
     finally:
@@ -88,16 +89,17 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
     if server is not None:
         meta["server_spec"] = server.model_dump(mode="json")
     with RunWriter(run_dir, meta) as writer:
-        with VllmServer(tier, run_dir, python=options.python) as server:
-            writer.meta["startup_s"] = server.wait_healthy()
+        with VllmServer(tier, run_dir, python=options.python) as deployed:
+            writer.meta["startup_s"] = deployed.wait_healthy()
             config = ClientConfig(
-                base_url=server.base_url, model=tier.served_model_name or tier.model,
+                base_url=deployed.base_url, model=tier.served_model_name or tier.model,
                 tier=tier.name, request_timeout_s=options.request_timeout_s,
                 duration_s=options.duration_s, warmup_s=options.warmup_s,
                 drain_timeout_s=options.drain_timeout_s, extra_body=options.extra_body or None,
                 max_in_flight=options.max_in_flight)
-            stats = asyncio.run(_drive(server, workload, writer, config,
+            stats = asyncio.run(_drive(deployed, workload, writer, config,
                                        options.sample_interval_s))
+        writer.meta["cleaned_up"] = deployed.cleaned
         writer.meta["client"] = stats.as_dict()
     return stats
 

@@ -30,8 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro.tier_spec import TINY_MODEL, ServerSpec, TierSpec, load_server
 
-__all__ = ["TINY_MODEL", "LMCacheSettings", "TierConfig", "format_command", "lmcache_config",
-           "live_tier", "live_tiers", "load_tiers", "server_args", "server_command"]
+__all__ = ["TINY_MODEL", "LMCacheMPSettings", "LMCacheSettings", "TierConfig", "format_command",
+           "live_tier", "live_tiers", "lmcache_config", "lmcache_server_args",
+           "lmcache_server_command", "load_tiers", "server_args", "server_command"]
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -53,6 +54,26 @@ class LMCacheSettings(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict, description="other LMCache keys")
 
 
+class LMCacheMPSettings(BaseModel):
+    """A multi-process LMCache tier: the `lmcache server` process the deployer starts, and the
+    vLLM side (`LMCacheMPConnector`) that talks to it. Ports left None are chosen free at
+    deploy time and written into the run folder's copy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int | None = Field(None, gt=0, lt=65536, description="request port (ZMQ)")
+    http_port: int | None = Field(None, gt=0, lt=65536, description="HTTP API: health, /metrics")
+    chunk_size: int = Field(256, gt=0, description="tokens per KV chunk")
+    l1_size_gib: float = Field(gt=0, description="L1 (DRAM) size, GiB (LMCache's --l1-size-gb "
+                               "counts 2**30 bytes)")
+    eviction_policy: str = Field("LRU", description="L1 eviction policy")
+    l2_store_policy: Literal["default", "skip_l1"] = "default"
+    l2_adapters: list[dict[str, Any]] = Field(default_factory=list, description="--l2-adapter JSON")
+    extra_args: list[str] = Field(default_factory=list, description="more lmcache server flags")
+    startup_timeout_s: float = Field(180, gt=0)
+
+
 class TierConfig(BaseModel):
     """One tier's server: model, memory budget, limits, and the offload tier below it."""
 
@@ -72,25 +93,32 @@ class TierConfig(BaseModel):
     max_num_seqs: int | None = Field(None, gt=0)
     dtype: str | None = None
     lmcache: LMCacheSettings | None = None
+    lmcache_mp: LMCacheMPSettings | None = None
     native_offload_gib: float | None = Field(None, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="more vllm flags")
     env: dict[str, str] = Field(default_factory=dict)
     startup_timeout_s: float = Field(900, gt=0)
-    clean_disk_dir: bool = Field(False, description="empty the flash folder before and after")
+    disk_dir: str | None = Field(None, description="the flash folder LMCache writes to")
+    keep_disk_files: bool = Field(False, description="leave the files the run wrote there")
+    allow_existing_disk_files: bool = Field(False, description="serve from a folder that "
+                                            "already holds files")
 
     @model_validator(mode="after")
     def _tier_has_its_settings(self) -> TierConfig:
         where = f"tier {self.name!r}"
-        if self.kind in ("dram", "flash") and self.lmcache is None:
-            raise ValueError(f"{where}: kind {self.kind!r} needs an 'lmcache' section")
-        if self.kind == "flash" and not (self.lmcache.local_disk_path
-                                         and self.lmcache.max_local_disk_size_gib):
+        if self.kind in ("dram", "flash") and (self.lmcache is None) == (self.lmcache_mp is None):
+            raise ValueError(f"{where}: kind {self.kind!r} needs one 'lmcache' (in-process) or "
+                             "'lmcache_mp' (multi-process) section")
+        if self.kind == "flash" and self.lmcache is not None and not (
+                self.lmcache.local_disk_path and self.lmcache.max_local_disk_size_gib):
             raise ValueError(f"{where}: flash needs lmcache.local_disk_path and "
                              "lmcache.max_local_disk_size_gib")
+        if self.kind == "flash" and self.lmcache_mp is not None and not self.lmcache_mp.l2_adapters:
+            raise ValueError(f"{where}: a multi-process flash tier needs an L2 adapter")
         if self.kind == "native_offload" and self.native_offload_gib is None:
             raise ValueError(f"{where}: native_offload needs 'native_offload_gib'")
-        if self.kind in ("baseline", "native_offload") and self.lmcache is not None:
-            raise ValueError(f"{where}: kind {self.kind!r} takes no 'lmcache' section")
+        if self.kind in ("baseline", "native_offload") and (self.lmcache or self.lmcache_mp):
+            raise ValueError(f"{where}: kind {self.kind!r} takes no LMCache section")
         return self
 
 
@@ -122,6 +150,15 @@ def _memory_args(tier: TierConfig) -> list[str]:
 
 
 def _offload_args(tier: TierConfig) -> list[str]:
+    if tier.lmcache_mp is not None:
+        mp = tier.lmcache_mp
+        if mp.port is None:
+            raise ValueError(f"tier {tier.name!r}: the LMCache server's port is chosen at deploy "
+                             "time (kvrepro.engines.live.server); none is set yet")
+        extra = {"lmcache.mp.host": f"tcp://{mp.host}", "lmcache.mp.port": mp.port}
+        connector = {"kv_connector": "LMCacheMPConnector", "kv_role": "kv_both",
+                     "kv_connector_extra_config": extra}
+        return ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
     if tier.kind in ("dram", "flash"):
         connector = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
         return ["--kv-transfer-config", json.dumps(connector, separators=(",", ":"))]
@@ -155,6 +192,26 @@ def server_command(tier: TierConfig, python: str | None = None,
     return [python or sys.executable, "-m", API_SERVER_MODULE, *server_args(tier, model_path)]
 
 
+def lmcache_server_args(tier: TierConfig) -> list[str]:
+    """`lmcache server ...` arguments of a multi-process tier (ports must be set)."""
+    mp = tier.lmcache_mp
+    if mp is None or mp.port is None or mp.http_port is None:
+        raise ValueError(f"tier {tier.name!r}: no multi-process LMCache with its ports set")
+    args = ["server", "--host", mp.host, "--port", str(mp.port), "--http-host", mp.host,
+            "--http-port", str(mp.http_port), "--supported-transfer-mode", "auto",
+            "--chunk-size", str(mp.chunk_size), "--l1-size-gb", f"{mp.l1_size_gib:.6g}",
+            "--eviction-policy", mp.eviction_policy, "--l2-store-policy", mp.l2_store_policy]
+    for adapter in mp.l2_adapters:
+        args += ["--l2-adapter", json.dumps(adapter, separators=(",", ":"))]
+    return args + list(mp.extra_args)
+
+
+def lmcache_server_command(tier: TierConfig, python: str | None = None) -> list[str]:
+    """The LMCache server's command line: the `lmcache` console script next to `python`."""
+    script = Path(python or sys.executable).with_name("lmcache")
+    return [str(script), *lmcache_server_args(tier)]
+
+
 def format_command(command: list[str]) -> str:
     """A shell-quoted command line, as written into the run folder."""
     return shlex.join(command)
@@ -186,11 +243,63 @@ def _lmcache_settings(tier: TierSpec) -> LMCacheSettings:
         extra=flags.extra)
 
 
-def live_tier(spec: ServerSpec, name: str) -> TierConfig:
-    """Render tier `name` of a server spec to the live engine's `TierConfig`."""
+def _lmcache_mp_settings(tier: TierSpec) -> LMCacheMPSettings:
+    """The multi-process LMCache server of a dram or flash tier (L1 = its dram store, L2 = its
+    flash store as an `fs_native` folder with a capacity limit and LRU eviction)."""
+    where = f"tier {tier.name!r}"
+    flags = tier.lmcache
+    changed = [k for k in ("enable_async_loading", "save_decode_cache", "save_unfull_chunk")
+               if getattr(flags, k)]
+    if changed or flags.extra:
+        raise ValueError(f"{where}: lmcache {changed or sorted(flags.extra)} have no "
+                         "multi-process LMCache setting (lmcache server)")
+    for store in tier.stores:
+        if store.eviction != "lru":
+            raise ValueError(f"{where}: store {store.name!r} eviction {store.eviction!r} has no "
+                             "LMCache setting (LMCache evicts LRU); it is a simulator what-if")
+    dram, flash = tier.store("dram"), tier.store("flash")
+    if dram is None:
+        raise ValueError(f"{where}: multi-process LMCache needs a dram store (its L1)")
+    adapters = []
+    if flash is not None:
+        if not flash.path:
+            raise ValueError(f"{where}: store {flash.name!r} needs a path (its L2 folder)")
+        adapters.append({"type": "fs_native", "base_path": flash.path,
+                         "num_workers": flash.io_workers,
+                         "use_odirect": flash.io_mode == "o_direct",
+                         "max_capacity_gb": flash.capacity_bytes / GIB,
+                         "eviction": {"eviction_policy": "LRU"}})
+    return LMCacheMPSettings(chunk_size=tier.chunk_tokens, l1_size_gib=dram.capacity_bytes / GIB,
+                             l2_store_policy=flags.l2_store_policy, l2_adapters=adapters)
+
+
+def _disk_fields(tier: TierSpec) -> dict[str, Any]:
+    flash = tier.store("flash")
+    if flash is None:
+        return {}
+    return {"disk_dir": flash.path, "keep_disk_files": flash.keep_files,
+            "allow_existing_disk_files": flash.allow_existing_files}
+
+
+def _offload_fields(tier: TierSpec, mode: str) -> dict[str, Any]:
+    """The TierConfig fields of a tier's offload: LMCache in one of its two forms, or native."""
+    if tier.kind == "native_offload":
+        return {"native_offload_gib": tier.stores[0].capacity_bytes / GIB}
+    if tier.kind not in ("dram", "flash"):
+        return {}
+    if mode == "multi_process":
+        return {"lmcache_mp": _lmcache_mp_settings(tier), **_disk_fields(tier)}
+    return {"lmcache": _lmcache_settings(tier), **_disk_fields(tier)}
+
+
+def live_tier(spec: ServerSpec, name: str, lmcache_mode: str | None = None) -> TierConfig:
+    """Render tier `name` of a server spec to the live engine's `TierConfig`.
+
+    `lmcache_mode` (default: the spec's `live.lmcache_mode`) picks LMCache's in-process form
+    (GPU servers, as study A ran it) or its multi-process form (any machine).
+    """
     tier, live, engine = spec.tier(name), spec.live, spec.engine
     kv_per_gpu = spec.kv_cache_bytes(name) / live.tensor_parallel_size
-    native = tier.kind == "native_offload"
     return TierConfig(
         name=name, kind=tier.kind, model=live.model, served_model_name=live.served_model_name,
         host=live.host, port=live.port, tensor_parallel_size=live.tensor_parallel_size,
@@ -198,15 +307,14 @@ def live_tier(spec: ServerSpec, name: str) -> TierConfig:
         kv_cache_memory_bytes=int(kv_per_gpu), max_model_len=engine.max_model_len,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, dtype=live.dtype,
-        lmcache=_lmcache_settings(tier) if tier.kind in ("dram", "flash") else None,
-        native_offload_gib=tier.stores[0].capacity_bytes / GIB if native else None,
         extra_args=list(live.extra_args), env=dict(live.env),
-        startup_timeout_s=live.startup_timeout_s, clean_disk_dir=tier.clean_disk_dir)
+        startup_timeout_s=live.startup_timeout_s,
+        **_offload_fields(tier, lmcache_mode or live.lmcache_mode))
 
 
-def live_tiers(spec: ServerSpec) -> dict[str, TierConfig]:
+def live_tiers(spec: ServerSpec, lmcache_mode: str | None = None) -> dict[str, TierConfig]:
     """Every tier of a server spec, rendered for the live engine."""
-    return {name: live_tier(spec, name) for name in spec.tiers}
+    return {name: live_tier(spec, name, lmcache_mode) for name in spec.tiers}
 
 
 def load_tiers(path: str | Path) -> dict[str, TierConfig]:

@@ -285,7 +285,7 @@ def _fit_runs_text(fit_runs: Iterable[str]) -> str:
 
 
 LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
-                 "dtype": "bfloat16", "startup_timeout_s": 300}
+                 "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process"}
 """How the live engine serves the tiny model here (the `live:` section the fit writes)."""
 
 
@@ -299,12 +299,14 @@ def _tiers_yaml(tier_kv_bytes: Mapping[str, float], server_kv_bytes: float) -> s
 
 def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
                        fit_runs: Iterable[str] = (),
-                       tier_kv_bytes: Mapping[str, float] | None = None) -> Path:
+                       tier_kv_bytes: Mapping[str, float] | None = None,
+                       lmcache_tiers: bool = False) -> Path:
     """Write the server spec of `profile` as YAML whose comments say what is exact and what
     was fitted to what.
 
     `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier (one
-    tier per entry; default: one `baseline` tier with the profile's budget). The file loads
+    tier per entry; default: one `baseline` tier with the profile's budget); `lmcache_tiers`
+    adds this machine's LMCache DRAM and flash tiers (`LMCACHE_TIERS_YAML`). The file loads
     with `kvrepro.tier_spec.load_server` and `kvrepro.engines.sim.load_profile`.
     """
     s, m = profile.server, profile.server.model_spec()
@@ -316,6 +318,7 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
         pre_ms=fit.prefill_rms_s * 1e3, dec_ms=fit.decode_rms_s * 1e3,
         interval_s=profile.sample_interval_s, live=LIVE_DEFAULTS,
         tier_kv=_tier_kv_text(tiers), tiers=_tiers_yaml(tiers, s.gpu_kv_bytes),
+        lmcache_tiers=LMCACHE_TIERS_YAML if lmcache_tiers else "",
         description=profile.description.replace('"', "'"))
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -389,8 +392,28 @@ live:
   port: {live[port]}
   dtype: {live[dtype]}
   startup_timeout_s: {live[startup_timeout_s]}
+  lmcache_mode: {live[lmcache_mode]}  # an `lmcache server` process + LMCacheMPConnector
 tiers:
 {tiers}
+{lmcache_tiers}"""
+
+LMCACHE_TIERS_YAML = """\
+  # The study's offload tiers on this machine: LMCache 0.5.6 in its multi-process mode
+  # (../shared/spec/LMCACHE_CPU.md), behind the small-kv engine budget, so that the engine
+  # evicts and LMCache serves. Chunks of 256 tokens = 256 KiB. The twin's channel rates are
+  # ESTIMATES from LMCACHE_CPU.md's single-prompt timings (7,424 tokens = 7.6 MB loaded in
+  # ~0.025 s above an engine hit from L1, ~0.05-0.08 s from L2 with O_DIRECT), not fitted.
+  dram:  # LMCache L1 in RAM, 64 MiB = 256 chunks
+    stores:
+      - {name: dram, kind: dram, capacity_bytes: 67108864, read_bw_bytes_s: 3.0e+8,
+         write_bw_bytes_s: 3.0e+8}
+  flash:  # a small L1 staging buffer, skip_l1, an O_DIRECT disk tier with a 512 MiB limit
+    lmcache: {l2_store_policy: skip_l1}
+    stores:
+      - {name: staging, kind: dram, capacity_bytes: 52428800, read_bw_bytes_s: 3.0e+8,
+         write_bw_bytes_s: 3.0e+8}
+      - {name: flash, kind: flash, capacity_bytes: 536870912, path: /tmp/kvrepro/lmcache-l2,
+         io_mode: o_direct, io_workers: 2, read_bw_bytes_s: 1.5e+8, write_bw_bytes_s: 1.5e+8}
 """
 
 
@@ -410,7 +433,8 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
           for name in names}
     kv = dict(sorted(kv.items(), key=lambda item: item[1]))  # smallest (the server's) first
     path = write_profile_yaml(fit, profile, out_path,
-                              [f"{campaign_dir} (tiers {', '.join(names)})"], kv)
+                              [f"{campaign_dir} (tiers {', '.join(names)})"], kv,
+                              lmcache_tiers=True)
     return fit, profile, path
 
 
