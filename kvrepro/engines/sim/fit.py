@@ -403,16 +403,18 @@ LMCACHE_TIERS_YAML = """\
   # evicts and LMCache serves. Chunks of 256 tokens = 256 KiB. The twin's channel rates are
   # ESTIMATES from LMCACHE_CPU.md's single-prompt timings (7,424 tokens = 7.6 MB loaded in
   # ~0.025 s above an engine hit from L1, ~0.05-0.08 s from L2 with O_DIRECT), not fitted.
-  dram:  # LMCache L1 in RAM, 64 MiB = 256 chunks
+  # Sizes: with notebook 03's study-A-shaped load (20 sessions/min, 10 min) the twin fills a
+  # 512 MiB L1 at ~5 min, mid-run; the 4 GiB disk tier holds all the run writes.
+  dram:  # LMCache L1 in RAM, 512 MiB = 2,048 chunks
     stores:
-      - {name: dram, kind: dram, capacity_bytes: 67108864, read_bw_bytes_s: 3.0e+8,
+      - {name: dram, kind: dram, capacity_bytes: 536870912, read_bw_bytes_s: 3.0e+8,
          write_bw_bytes_s: 3.0e+8}
-  flash:  # a small L1 staging buffer, skip_l1, an O_DIRECT disk tier with a 512 MiB limit
+  flash:  # a small L1 staging buffer, skip_l1, an O_DIRECT disk tier with a 4 GiB limit
     lmcache: {l2_store_policy: skip_l1}
     stores:
       - {name: staging, kind: dram, capacity_bytes: 52428800, read_bw_bytes_s: 3.0e+8,
          write_bw_bytes_s: 3.0e+8}
-      - {name: flash, kind: flash, capacity_bytes: 536870912, path: /tmp/kvrepro/lmcache-l2,
+      - {name: flash, kind: flash, capacity_bytes: 4294967296, path: /tmp/kvrepro/lmcache-l2,
          io_mode: o_direct, io_workers: 2, read_bw_bytes_s: 1.5e+8, write_bw_bytes_s: 1.5e+8}
 """
 
