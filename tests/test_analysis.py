@@ -445,3 +445,41 @@ def test_other_bad_parameters() -> None:
         an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", -10)
     with pytest.raises(ValueError, match="chunk_bytes"):
         an.fill_time_s(pd.DataFrame({"time_s": [0], "u": [1]}), "u", 10, chunk_bytes=0)
+
+
+def test_prompt_tokens_by_source_from_live_counters() -> None:
+    samples = pd.DataFrame({
+        "tier": ["flash"] * 3, "time_s": [0.0, 10.0, 20.0],
+        "prompt_tokens_local_compute": [100.0, 600.0, 1100.0],
+        "prompt_tokens_local_cache_hit": [0.0, 200.0, 300.0],
+        "prompt_tokens_external_kv_transfer": [0.0, 400.0, 800.0],
+        "lmcache_l1_hit_tokens": [0.0, 100.0, 250.0],   # LMCache's own hits: only the ratio
+        "lmcache_l2_hit_tokens": [0.0, 500.0, 750.0],   # counts (250 : 750 -> 25 % / 75 %)
+        "scrape_error": ["", "", ""]})
+    row = an.prompt_tokens_by_source(samples).set_index("tier").loc["flash"]
+    assert row.computed_tokens == 1000 and row.engine_hit_tokens == 300
+    assert row.offload_hit_tokens == 800 and row.offload_l2_share == pytest.approx(0.75)
+    assert (row.offload_l1_tokens, row.offload_l2_tokens) == pytest.approx((200, 600))
+
+
+def test_prompt_tokens_by_source_without_lmcache_counters() -> None:
+    samples = pd.DataFrame({"tier": ["sim"] * 2, "time_s": [0.0, 5.0],
+                            "prompt_tokens": [0.0, 1000.0],
+                            "prefix_cache_hits_tokens": [0.0, 300.0],
+                            "external_prefix_cache_hits_tokens": [0.0, 200.0]})
+    row = an.prompt_tokens_by_source(samples).iloc[0]
+    assert (row.computed_tokens, row.engine_hit_tokens, row.offload_hit_tokens) == (500, 300, 200)
+    assert math.isnan(row.offload_l2_share)
+
+
+def test_prompt_sources_figure_stacks_shares() -> None:
+    from kvrepro.plots.run_figures import prompt_sources
+
+    table = pd.DataFrame({"tier": ["baseline", "dram"], "computed_tokens": [80.0, 30.0],
+                          "engine_hit_tokens": [20.0, 20.0], "offload_l1_tokens": [0.0, 50.0],
+                          "offload_l2_tokens": [0.0, 0.0]})
+    fig = prompt_sources(table)
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    assert widths[:2] == pytest.approx([80, 30]) and widths[4:6] == pytest.approx([0, 50])
+    with pytest.raises(ValueError, match="prompt-sources"):
+        prompt_sources(table.drop(columns="offload_l2_tokens"))

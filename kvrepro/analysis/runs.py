@@ -226,6 +226,55 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(SPLIT_COLUMNS))
 
 
+SOURCE_COLUMNS = ("tier", "computed_tokens", "engine_hit_tokens", "offload_hit_tokens",
+                  "offload_l1_tokens", "offload_l2_tokens", "offload_l2_share")
+
+
+def _run_increase(data: pd.DataFrame, column: str) -> float:
+    """How much a cumulative counter grew over a run (first to last good sample)."""
+    if column not in data:
+        return float("nan")
+    values = data[column].astype("float64").dropna()
+    return float(values.iloc[-1] - values.iloc[0]) if len(values) > 1 else float("nan")
+
+
+def _tier_sources(data: pd.DataFrame, tier: str) -> dict[str, Any]:
+    computed = _run_increase(data, "prompt_tokens_local_compute")
+    engine = _run_increase(data, "prompt_tokens_local_cache_hit")
+    offload = _run_increase(data, "prompt_tokens_external_kv_transfer")
+    if np.isnan(engine):  # the simulator's samples: hits by level, queries
+        engine = _run_increase(data, "prefix_cache_hits_tokens")
+        offload = _run_increase(data, "external_prefix_cache_hits_tokens")
+        computed = _run_increase(data, "prompt_tokens") - engine - offload
+    l1 = _run_increase(data, "lmcache_l1_hit_tokens")
+    l2 = _run_increase(data, "lmcache_l2_hit_tokens")
+    l2_share = l2 / (l1 + l2) if l1 + l2 > 0 else float("nan")
+    return {"tier": tier, "computed_tokens": computed, "engine_hit_tokens": engine,
+            "offload_hit_tokens": offload, "offload_l1_tokens": offload * (1 - l2_share),
+            "offload_l2_tokens": offload * l2_share, "offload_l2_share": l2_share}
+
+
+def prompt_tokens_by_source(samples: pd.DataFrame) -> pd.DataFrame:
+    """Where each tier's prompt tokens came from over the run: computed, the engine's own
+    prefix cache, or the offload tier, split into LMCache's L1 (DRAM) and L2 (disk).
+
+    From the servers' counters, not the records: live samples carry vLLM's
+    `prompt_tokens_by_source` (local_compute / local_cache_hit / external_kv_transfer); the
+    simulator's carry prefix and external hits. The L1 / L2 split applies the share of
+    LMCache's own lookup hits (`lmcache_l1_hit_tokens`, `lmcache_l2_hit_tokens`) to vLLM's
+    offload tokens: LMCache counts hits on every lookup, including prefixes the engine still
+    held, so only its ratio is used (NaN without LMCache's counters). One row per tier,
+    columns `SOURCE_COLUMNS`.
+    """
+    require_columns(samples, ["time_s", "tier"], "prompt_tokens_by_source")
+    good = samples
+    if "scrape_error" in samples:
+        good = samples[samples["scrape_error"].isna() | (samples["scrape_error"] == "")]
+    rows = [_tier_sources(part.sort_values("time_s"), tier)
+            for tier, part in good.groupby("tier", sort=False)]
+    return pd.DataFrame(rows, columns=list(SOURCE_COLUMNS))
+
+
 def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True,
                  common_sessions: bool = False) -> pd.DataFrame:
     """Per tier: normal-turn vs resume TTFT, the numbers of figure A5.

@@ -5,7 +5,8 @@ so the same figure draws a live vLLM run and a simulated one:
 
 * `a2_total_throughput`, `a3_output_throughput`: `analysis.throughput_over_time`;
 * `a4_ttft_over_time`: `analysis.ttft_over_time`;
-* `a5_returning_users`: `analysis.resume_stats`.
+* `a5_returning_users`: `analysis.resume_stats`;
+* `prompt_sources`: `analysis.prompt_tokens_by_source`.
 
 Time axes are run time in minutes (bin centres), as the study's figures are.
 """
@@ -183,4 +184,29 @@ def a5_returning_users(df: pd.DataFrame) -> plt.Figure:
               Patch(color="0.45", label="resume (median)"),
               Line2D([], [], color="0.15", linewidth=2, label="slowest resume")]
     ax.legend(handles=legend, fontsize=13, loc="best")
+    return fig
+
+
+_SOURCE_PARTS = (("computed_tokens", "computed", "0.75"),
+                 ("engine_hit_tokens", "engine prefix cache", "#2ca02c"),
+                 ("offload_l1_tokens", "offload L1 (DRAM)", "#1f77b4"),
+                 ("offload_l2_tokens", "offload L2 (disk)", "#d62728"))
+
+
+def prompt_sources(df: pd.DataFrame, title: str = "Prompt tokens by source") -> plt.Figure:
+    """Each tier's prompt tokens split by where they came from (`analysis.prompt_tokens_by_source`):
+    recomputed, the engine's own prefix cache, or the offload tier's L1 or L2. Shares of the
+    tier's prompt tokens, so tiers of different lengths compare."""
+    require_columns(df, ["tier", *(c for c, _, _ in _SOURCE_PARTS)], "prompt-sources")
+    tiers = _tier_order(df["tier"])
+    data = df.set_index("tier").loc[tiers, [c for c, _, _ in _SOURCE_PARTS]].fillna(0.0)
+    shares = data.div(data.sum(axis=1).where(lambda s: s > 0), axis=0) * 100
+    fig, ax = plt.subplots()
+    left = np.zeros(len(tiers))
+    for column, label, color in _SOURCE_PARTS:
+        ax.barh(tiers, shares[column], left=left, color=color, label=label)
+        left += shares[column].to_numpy()
+    ax.invert_yaxis()
+    ax.set(xlim=(0, 100), xlabel="share of prompt tokens (%)", ylabel="", title=title)
+    ax.legend(fontsize=12, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig

@@ -40,6 +40,7 @@ import pandas as pd
 
 from kvrepro._checks import positive
 from kvrepro._paths import data_file
+from kvrepro.analysis.microbench import TIER_LABELS, b6_summary
 from kvrepro.engines.sim.config import SimProfile, load_profile
 from kvrepro.engines.sim.engine import simulate
 from kvrepro.workload.base import Workload
@@ -53,8 +54,6 @@ from kvrepro.workload.study_b_workloads import (
 
 B6_TIERS = ("mem", "ssd1", "ssd2", "ssd3", "ssd4", "opt")
 B7_TIERS = ("mem", "opt")
-TIER_LABELS = {"mem": "MEM", "ssd1": "SSDx1", "ssd2": "SSDx2", "ssd3": "SSDx3",
-               "ssd4": "SSDx4", "opt": "OPT"}
 B7_LABELS = {"mem": "Memory", "opt": "OPT (SSDs)"}
 UNTUNED_TIERS = ("ssd1", "ssd2", "ssd3", "ssd4")
 B6_GAP_S = 5.0
@@ -163,24 +162,6 @@ def b6_records(profile: SimProfile | None = None, spec: MicrobenchSpec | None = 
         _check_offload_served(rec)
         parts.append(rec)
     return pd.concat(parts, ignore_index=True)
-
-
-def b6_summary(records: pd.DataFrame) -> pd.DataFrame:
-    """Mean measure-round TTFT per tier and prompt length, and its ratio to MEM's.
-
-    Columns: tier, label, prompt_tokens, ttft_s, ttft_mem_s, norm_ttft (= ttft_s /
-    ttft_mem_s, so MEM is 1 by definition), n_requests.
-    """
-    if "mem" not in set(records["tier"]):
-        raise ValueError("B6 normalizes to MEM: the records need tier 'mem'")
-    table = (records.groupby(["tier", "prompt_length"], sort=False)
-             .agg(ttft_s=("ttft_s", "mean"), n_requests=("ttft_s", "size")).reset_index()
-             .rename(columns={"prompt_length": "prompt_tokens"}))
-    mem = table[table.tier == "mem"].set_index("prompt_tokens")["ttft_s"]
-    table["ttft_mem_s"] = table["prompt_tokens"].map(mem)
-    table["norm_ttft"] = table["ttft_s"] / table["ttft_mem_s"]
-    table.insert(1, "label", table["tier"].map(TIER_LABELS).fillna(table["tier"]))
-    return table
 
 
 def run_b6(profile: SimProfile | None = None, spec: MicrobenchSpec | None = None,
