@@ -37,7 +37,7 @@ LIVE_B6_TIERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 """B6 tier -> (the tiny server's tier it is built from, server-spec overrides)."""
 
-LIVE_B6_SPEC = MicrobenchSpec(prompt_lengths=[1024, 2048, 4096, 7168], prompts_per_length=3,
+LIVE_B6_SPEC = MicrobenchSpec(prompt_lengths=[1024, 2048, 4096, 7168], prompts_per_length=6,
                               gap_s=1.5, round_gap_s=5.0)
 """Prompt lengths up to what the tiny server takes (max_model_len 8192), each request alone."""
 
@@ -65,12 +65,23 @@ def run_b6_live(out_dir: str | Path, tiers: list[str] | None = None,
 
 
 def b6_live_records(out_dir: str | Path, tiers: list[str] | None = None) -> pd.DataFrame:
-    """Measure-round records of the run folders, with each request's prompt length."""
+    """Measure-round records of the run folders, with each request's prompt length.
+
+    The two rounds send the same prompts in the same order, so the measure round is the
+    second half of a tier's requests in send order. Raises if any request failed or if a
+    measured request did not find most of its prompt cached (then it measured a recompute).
+    """
     parts = []
     for name in tiers or list(LIVE_B6_TIERS):
-        run = read_run(Path(out_dir) / name)
-        rec = run.records[(~run.records.is_warmup) & (run.records.error == "")]
-        parts.append(rec.assign(prompt_length=rec.prompt_tokens))
+        rec = read_run(Path(out_dir) / name).records.sort_values("send_s")
+        if (rec.error != "").any() or len(rec) % 2:
+            raise ValueError(f"{out_dir}/{name}: failed requests or an unfinished round")
+        measured = rec.iloc[len(rec) // 2:]
+        short = measured[measured.cached_prompt_tokens < 0.8 * measured.prompt_tokens]
+        if len(short):
+            raise ValueError(f"{out_dir}/{name}: {len(short)} measured request(s) found less "
+                             "than 80 % of the prompt cached: not a load from the tier")
+        parts.append(measured.assign(prompt_length=measured.prompt_tokens))
     return pd.concat(parts, ignore_index=True)
 
 
