@@ -10,7 +10,10 @@ test. The tiers are the tiny server's (`data/servers/cpu_tiny.yaml`) with B6's v
 * `opt`: the same tuned: 512-token chunks, O_DIRECT, 8 I/O workers.
 
 This machine has one disk, so study B's 1-4 drives have no live counterpart here (one L2
-folder). Run folders go to `out_dir/<tier>/`; `b6_live_summary` reads them back and
+folder). Several L2 folders would not stand in for several drives either: LMCache 0.5.6's
+multi-process store policies write every chunk to every L2 adapter (`DefaultStorePolicy`:
+"store all keys to all adapters"), a replica per folder, not a stripe.
+Run folders go to `out_dir/<tier>/`; `b6_live_summary` reads them back and
 normalises to MEM with the same `b6_summary` as the simulator.
 """
 

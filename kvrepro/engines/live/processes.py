@@ -2,9 +2,10 @@
 
 A live tier is up to two process groups (vLLM, and for multi-process LMCache the `lmcache
 server`), a folder of chunk files (the flash tier's L2) and shared-memory segments under
-`/dev/shm` (vLLM's `psm_*` message queues; `lmcache_kv_<pid>_*` with LMCache's shared-memory
-transfer). A killed process leaves its segments behind (measured: `lmcache_kv_*` after
-SIGTERM, `psm_*` of 160-250 MB after a SIGKILLed vLLM), so the run removes them itself,
+`/dev/shm` (vLLM's `psm_*` message queues and `sem.mp-*` semaphores; `lmcache_kv_<pid>_*`
+with LMCache's shared-memory transfer). A killed process leaves its segments behind
+(measured: `lmcache_kv_*` after SIGTERM, `psm_*` of 160-250 MB after a SIGKILLed vLLM), so
+the run removes them itself,
 but only what it created: segments that appeared during the run and that no live process
 still maps, and in the L2 folder only the files that were not there before.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 SHM_DIR = Path("/dev/shm")
-SHM_PREFIXES = ("psm_", "lmcache_kv_")
+SHM_PREFIXES = ("psm_", "lmcache_kv_", "sem.mp-")
 
 
 class ServerError(RuntimeError):
@@ -78,6 +79,26 @@ def group_pids(pgid: int) -> set[int]:
         if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp
             pids.add(int(stat.parent.name))
     return pids
+
+
+def pid_alive(pid: int) -> bool:
+    """A process that still runs (a zombie waiting for its reaper does not count)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_gone(pids: set[int], timeout_s: float = 5.0) -> set[int]:
+    """Wait until none of `pids` runs (a killed process unmaps its memory as it exits);
+    the ones still running at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    alive = {p for p in pids if pid_alive(p)}
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = {p for p in alive if pid_alive(p)}
+    return alive
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -29,6 +29,7 @@ from kvrepro.engines.live.processes import (
     http_ok,
     log_tail,
     port_in_use,
+    wait_gone,
 )
 from kvrepro.engines.live.tiers import (
     TINY_MODEL,
@@ -163,6 +164,7 @@ class VllmServer:
         if self.lmcache is not None:
             self.lmcache.stop(grace_s)
         pids = set().union(*(p.pids for p in (self.vllm, self.lmcache) if p is not None))
+        wait_gone(pids)  # a segment is left alone while a dying process still maps it
         if self.shm is not None:
             self.cleaned["shm_segments"] = self.shm.cleanup(pids)
         if self.disk is not None:
