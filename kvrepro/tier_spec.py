@@ -30,10 +30,11 @@ Each capacity is typed once. What-if questions change it in one place with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -146,7 +147,29 @@ class StoreModel(_Strict):
         return self
 
 
-class StoreSpec(StoreModel):
+class DriveArray(_Strict):
+    """The flash drives a tier adds (the cost model prices them; `calc.economics.TierHardware`
+    is this plus host DRAM)."""
+
+    drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
+    drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
+    raid_level: Annotated[str, AfterValidator(normalize_raid_level)] = Field(
+        "RAID10", description="cost: layout of the flash array")
+
+    @model_validator(mode="after")
+    def _drive_count_fits_layout(self) -> DriveArray:
+        if self.drives:
+            raid_write_factor(self.raid_level, self.drives)  # a count the layout can't use
+        return self
+
+    def usable_bytes(self) -> float:
+        """Capacity after the RAID layout, bytes (0 without drives)."""
+        if not self.drives:
+            return 0.0
+        return _RAID_DATA_DRIVES[self.raid_level](self.drives) * self.drive_tb * 1e12
+
+
+class StoreSpec(StoreModel, DriveArray):
     """One offload store of a server spec: the store model, its kind and place, its drives."""
 
     kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
@@ -160,9 +183,6 @@ class StoreSpec(StoreModel):
     allow_existing_files: bool = Field(False, description="flash, live: serve from a folder "
                                        "that already holds files (refused by default: they "
                                        "would be mixed with this run's)")
-    drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
-    drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
-    raid_level: str = Field("RAID10", description="cost: layout of the flash array")
 
     @model_validator(mode="after")
     def _consistent(self) -> StoreSpec:
@@ -170,10 +190,8 @@ class StoreSpec(StoreModel):
         if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"
                                     or self.keep_files or self.allow_existing_files):
             raise ValueError(f"{where}: a dram store takes no path, io_mode, files or drives")
-        self.raid_level = normalize_raid_level(self.raid_level)
         if self.drives:
-            raid_write_factor(self.raid_level, self.drives)  # a count the layout can't use
-            usable = _RAID_DATA_DRIVES[self.raid_level](self.drives) * self.drive_tb * 1e12
+            usable = self.usable_bytes()
             if self.capacity_bytes > usable:
                 raise ValueError(f"{where}: capacity_bytes {self.capacity_bytes:.4g} exceeds "
                                  f"the {self.drives} drives' usable {usable:.4g} B in "

@@ -28,13 +28,13 @@ from typing import Annotated
 
 import numpy as np
 import pandas as pd
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from kvrepro import analysis
 from kvrepro._checks import positive, require_columns
 from kvrepro._paths import data_file
 from kvrepro.calc import endurance, sizing
-from kvrepro.tier_spec import ServerSpec, TierSpec, shipped_server
+from kvrepro.tier_spec import DriveArray, ServerSpec, TierSpec, shipped_server
 
 # A RAID level as `kvrepro.calc.endurance` names it ("raid10", 10, "RAID 10" -> "RAID10").
 RaidLevel = Annotated[str, AfterValidator(endurance.normalize_raid_level)]
@@ -193,23 +193,12 @@ class ServerBill(BaseModel):
     drive_watts: float = Field(25.0, ge=0, description="per NVMe drive, active (Gen5 E3.S)")
 
 
-class TierHardware(BaseModel):
+class TierHardware(DriveArray):
     """What one cache tier adds to the server: host DRAM for it, and flash drives."""
-
-    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
     dram_gb: float = Field(0.0, ge=0, description="host DRAM bought for the tier (the DRAM "
                            "tier, or the flash tier's staging buffer), GB")
-    drives: int = Field(0, ge=0, description="NVMe drives of the flash array")
-    drive_tb: float = Field(12.8, gt=0, description="capacity per drive, TB")
-    raid_level: RaidLevel = Field("RAID10", description="layout of the flash array")
-
-    @model_validator(mode="after")
-    def _drive_count_fits_layout(self) -> TierHardware:
-        if self.drives:
-            endurance.raid_write_factor(self.raid_level, self.drives)  # error if invalid
-        return self
 
     @property
     def usable_tb(self) -> float:
