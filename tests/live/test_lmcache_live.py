@@ -159,3 +159,50 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     run = read_run(tmp_path / "run")
     assert run.meta["status"].startswith("failed: ServerError")
     assert len(run.records) > 0  # what finished before the kill stays on disk
+
+
+def _descendants(pid: int) -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
+    """`kvrepro run live` stopped by a signal mid-tier: the campaign ends there (no next
+    tier), every process it started exits, its shared memory and disk files are gone, and
+    the requests that finished stay on disk."""
+    require_vllm()
+    import subprocess
+    import sys
+
+    out, l2 = tmp_path / "campaign", tmp_path / "l2"
+    port = 8445 if sig == signal.SIGTERM else 8446
+    cmd = [sys.executable, "-m", "kvrepro.cli", "run", "live", "--server",
+           "data/servers/cpu_tiny.yaml", "--tier", "flash", "--tier", "dram",
+           "-p", f"live.port={port}", "-p", f"tiers.flash.stores.1.path={l2}",
+           "-w", "duration_s=300", "-w", "session_rate_per_min=20", "--out", str(out)]
+    runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    samples, pids = out / "flash" / "samples.jsonl", set()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and runner.poll() is None:
+        pids |= _descendants(runner.pid)
+        if samples.is_file() and samples.read_text().count("\n") >= 5:
+            break
+        time.sleep(1)
+    assert runner.poll() is None, runner.stdout.read().decode()[-2000:]
+    pids |= _descendants(runner.pid)
+    runner.send_signal(sig)
+    runner.wait(timeout=90)
+    assert runner.returncode != 0
+    assert pids and not [p for p in pids if _alive(p)]
+    assert not _our_shm(pids)
+    assert not [p for p in l2.rglob("*") if p.is_file()]
+    assert not (out / "dram").exists()  # the campaign stopped with the interrupted tier
+    assert len(read_run_records(out / "flash")) > 0
+
+
+def read_run_records(run_dir: Path):
+    from kvrepro.records import read_run
+
+    return read_run(run_dir).records

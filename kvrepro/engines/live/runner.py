@@ -13,6 +13,10 @@ same workload, one run folder per tier.
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,19 +108,47 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
     return stats
 
 
+@contextmanager
+def stop_on_signals() -> Iterator[list[int]]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt where the run is, so that every `with`
+    block on the way out tears down what it started (servers, LMCache, disk folders,
+    shared memory); without it SIGTERM kills the runner and orphans the servers, and
+    asyncio would turn SIGINT into a quiet end of one tier. Yields the signals seen."""
+    seen: list[int] = []
+
+    def _raise(signum: int, _frame: Any) -> None:
+        seen.append(signum)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Path,
                  options: LiveOptions | None = None) -> dict[str, ClientStats | Exception]:
     """Run each tier in turn (fresh server, empty cache), one folder per tier.
 
     A tier that fails is reported and the campaign goes on; the result maps tier names to
-    their stats or their error.
+    their stats or their error. SIGINT or SIGTERM stops the whole campaign (after tearing
+    the running tier down; what it recorded stays in its folder).
     """
     results: dict[str, ClientStats | Exception] = {}
-    for tier in tiers:
-        try:
-            results[tier.name] = run_tier(tier, workload, Path(out_dir) / tier.name, options)
-        except (ServerError, OSError) as err:
-            results[tier.name] = err
+    with stop_on_signals() as seen:
+        for tier in tiers:
+            try:
+                results[tier.name] = run_tier(tier, workload, Path(out_dir) / tier.name,
+                                              options)
+            except (ServerError, OSError) as err:
+                results[tier.name] = err
+            if seen:
+                raise KeyboardInterrupt(f"campaign stopped by signal {seen[0]}")
     return results
 
 
@@ -132,6 +164,7 @@ def run(workload: Workload, server: ServerSpec, tier: str, run_dir: str | Path, 
     base = options or LiveOptions()
     opts = LiveOptions(**{**vars(base), "duration_s": duration_s, "warmup_s": warmup_s,
                           "max_in_flight": max_in_flight, "drain_timeout_s": drain_timeout_s})
-    stats = run_tier(live_tier(server, tier), workload, run_dir, opts, server)
+    with stop_on_signals():
+        stats = run_tier(live_tier(server, tier), workload, run_dir, opts, server)
     done = read_run(run_dir)
     return RunResult(done.records, done.samples, {**done.meta, "stats": stats.as_dict()})

@@ -104,6 +104,10 @@ class OffloadTier(StoreModel):
     tier's chunk size (LMCache has one chunk size per tier)."""
 
     chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
+    hard_limit: bool = Field(True, description="when full, new chunks are dropped (LMCache's "
+                                               "L1); False: a soft limit that writes overshoot "
+                                               "until the eviction loop catches up (its "
+                                               "fs_native disk tier)")
 
 
 class SimTier(BaseModel):
@@ -127,6 +131,16 @@ class SimTier(BaseModel):
                                              "not the ones in front (l2_store_policy skip_l1)")
     gpu_kv_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
                                                                "if not the server's")
+    lookup_s: float = Field(0.0, ge=0, description="the offload lookup's round trip (LMCache "
+                                                   "connector): with lookup_async the request "
+                                                   "waits for it, else the step does")
+    lookup_async: bool = Field(False, description="lookups run outside the step: a request is "
+                                                  "skipped until its answer is in (LMCache's "
+                                                  "multi-process connector)")
+    connector_step_s: float = Field(0.0, ge=0, description="connector cost per engine step "
+                                                           "(offload tiers)")
+    connector_request_s: float = Field(0.0, ge=0, description="connector cost per request "
+                                                              "scheduled in a step")
 
     @model_validator(mode="after")
     def _consistent(self) -> SimTier:
@@ -137,6 +151,9 @@ class SimTier(BaseModel):
         if len(chunks) > 1:
             raise ValueError(f"all offload stores of a tier share one chunk_tokens (LMCache has "
                              f"one chunk size), got {sorted(chunks)}")
+        if not self.write_through and any(t.async_eviction for t in self.offload):
+            raise ValueError("write-back (evicted chunks move one store down) is modelled with "
+                             "eviction on insert only; set async_eviction false on its stores")
         return self
 
 
@@ -171,22 +188,33 @@ class SimProfile(BaseModel):
         return self.tiers[name]
 
 
-def _store(store: StoreSpec, chunk_tokens: int) -> OffloadTier:
+def _store(store: StoreSpec, chunk_tokens: int, multi_process: bool) -> OffloadTier:
+    """A spec store for the twin; unset `async_eviction` follows the LMCache mode (the
+    multi-process server evicts in a background loop, the in-process backend on insert)."""
     fields = store.model_dump(include=set(StoreModel.model_fields))
-    return OffloadTier(**fields, chunk_tokens=chunk_tokens)
+    if fields["async_eviction"] is None:
+        fields["async_eviction"] = multi_process
+    return OffloadTier(**fields, chunk_tokens=chunk_tokens, hard_limit=store.kind == "dram")
 
 
-def sim_tier(tier: TierSpec) -> SimTier:
-    """The simulator's tier: its stores, and LMCache's behaviour as the spec's flags say."""
+def sim_tier(tier: TierSpec, lmcache_mode: str = "in_process") -> SimTier:
+    """The simulator's tier: its stores, and LMCache's behaviour as the spec's flags and the
+    server's LMCache mode say."""
     if tier.lmcache.save_unfull_chunk:
         raise ValueError(f"tier {tier.name!r}: lmcache.save_unfull_chunk true is not modelled "
                          "by the simulator (partial chunks); leave it false for simulated runs")
-    return SimTier(name=tier.name, offload=[_store(s, tier.chunk_tokens) for s in tier.stores],
+    mp = lmcache_mode == "multi_process"
+    return SimTier(name=tier.name,
+                   offload=[_store(s, tier.chunk_tokens, mp) for s in tier.stores],
                    write_through=not tier.twin_write_back,
-                   load_async=tier.lmcache.enable_async_loading,
+                   # the multi-process connector always answers vLLM's lookup later and
+                   # loads asynchronously (lmcache_mp_connector.get_num_new_matched_tokens)
+                   load_async=tier.lmcache.enable_async_loading or mp, lookup_async=mp,
                    save_decode_kv=tier.lmcache.save_decode_cache,
                    skip_l1=tier.lmcache.l2_store_policy == "skip_l1",
-                   gpu_kv_bytes=tier.kv_cache_bytes)
+                   gpu_kv_bytes=tier.kv_cache_bytes, lookup_s=tier.twin_lookup_s,
+                   connector_step_s=tier.twin_connector_step_s,
+                   connector_request_s=tier.twin_connector_request_s)
 
 
 def sim_profile(spec: ServerSpec) -> SimProfile:
@@ -198,7 +226,8 @@ def sim_profile(spec: ServerSpec) -> SimProfile:
         block_tokens=e.block_tokens, max_batched_tokens=e.max_num_batched_tokens,
         max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len)
     return SimProfile(description=spec.description, server=server,
-                      tiers={name: sim_tier(t) for name, t in spec.tiers.items()},
+                      tiers={name: sim_tier(t, spec.live.lmcache_mode)
+                             for name, t in spec.tiers.items()},
                       sample_interval_s=w.sample_interval_s)
 
 

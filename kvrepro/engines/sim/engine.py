@@ -27,7 +27,14 @@ from tqdm.auto import tqdm
 
 from kvrepro.engines.sim.config import SimProfile, SimTier, as_profile
 from kvrepro.engines.sim.entities import Request, TurnTable
-from kvrepro.engines.sim.events import EventQueue, LoadDone, Sample, StepEnd, TurnArrival
+from kvrepro.engines.sim.events import (
+    EventQueue,
+    LoadDone,
+    LookupDone,
+    Sample,
+    StepEnd,
+    TurnArrival,
+)
 from kvrepro.engines.sim.outputs import OutputSink, sample_row
 from kvrepro.engines.sim.prefix_units import BlockIdentity, unit_ranges
 from kvrepro.engines.sim.scheduler import Scheduler, StepPlan
@@ -91,6 +98,7 @@ class Engine:
     def _loop(self, bar: Any) -> None:
         queue, handlers = self.queue, {
             TurnArrival: self._arrive, StepEnd: self._step_end, LoadDone: self._load_done,
+            LookupDone: self._lookup_done,
             Sample: self._take_sample}
         while queue:
             if queue.peek_time_s() > self.hard_end_s:
@@ -190,6 +198,9 @@ class Engine:
 
     def _load_done(self, event: LoadDone) -> None:
         self.scheduler.on_load_done(event.request)
+        self._wake()
+
+    def _lookup_done(self, event: LookupDone) -> None:
         self._wake()
 
     def _take_sample(self, event: Sample) -> None:

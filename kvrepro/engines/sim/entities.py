@@ -61,6 +61,8 @@ class Request:
     loaded_tokens: list[int] = field(default_factory=list)
     recomputed_tokens: int = 0
     load_s: float = 0.0
+    lookup_ready_s: float = math.nan
+    lookup_round: int = 0
     preemptions: int = 0
     session_pos: int = 0
     turn_pos: int = 0

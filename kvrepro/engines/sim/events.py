@@ -21,9 +21,10 @@ class EventKind(IntEnum):
     """Tie-break order of events at the same time (lower first)."""
 
     LOAD_DONE = 0
-    ARRIVAL = 1
-    STEP_END = 2
-    SAMPLE = 3
+    LOOKUP_DONE = 1
+    ARRIVAL = 2
+    STEP_END = 3
+    SAMPLE = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,16 @@ class LoadDone:
     time_s: float
     request: Request
     kind: ClassVar[int] = EventKind.LOAD_DONE
+
+
+@dataclass(frozen=True, slots=True)
+class LookupDone:
+    """An asynchronous offload lookup for `request` has its answer (the request can be
+    admitted from the next step on)."""
+
+    time_s: float
+    request: Request
+    kind: ClassVar[int] = EventKind.LOOKUP_DONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +73,7 @@ class Sample:
     kind: ClassVar[int] = EventKind.SAMPLE
 
 
-Event = Union[LoadDone, TurnArrival, StepEnd, Sample]  # noqa: UP007 - runtime alias
+Event = Union[LoadDone, LookupDone, TurnArrival, StepEnd, Sample]  # noqa: UP007 - runtime alias
 
 
 class EventQueue:

