@@ -31,6 +31,12 @@ def _reproduce(args: argparse.Namespace) -> int:
     print("\nHeadline numbers, reproduced vs the studies' values "
           f"({result.run_dir / 'headline_numbers.csv'}):\n")
     print(reference.format_headlines(result.headlines))
+    if result.validation is not None:
+        from kvrepro.engines.sim.validate import summary_table
+
+        print(f"\nDigital twin vs live runs ({result.run_dir / 'validation.csv'}): metrics "
+              "within 10 %, median |error|\n")
+        print(summary_table(result.validation).round(1).to_string(index=False))
     for failure in result.failures:
         print(f"\nFAILED: {failure}", file=sys.stderr)
     if args.store_checked_outputs and not result.failures:

@@ -9,10 +9,12 @@ cell that failed; the others still run, and what they produced stays on disk.
 from __future__ import annotations
 
 import datetime as dt
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import papermill as pm
 import yaml
 from tqdm.auto import tqdm
@@ -43,6 +45,7 @@ class ReproduceResult:
     executed: list[Path] = field(default_factory=list)
     failures: list[NotebookFailure] = field(default_factory=list)
     headlines: Any = None
+    validation: Any = None
 
 
 def _parse_value(text: str) -> Any:
@@ -127,7 +130,16 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
             tqdm.write(f"FAILED: {failure}")
     result.headlines = reference.collect_headlines(result.run_dir / "results")
     result.headlines.to_csv(result.run_dir / "headline_numbers.csv", index=False)
+    validation = result.run_dir / "results" / "sim_validation" / VALIDATION_CSV
+    if validation.is_file():  # notebook 06: the twin vs the live runs
+        shutil.copyfile(validation, result.run_dir / VALIDATION_CSV)
+        result.validation = pd.read_csv(validation)
     return result
+
+
+VALIDATION_CSV = "validation.csv"
+"""The twin's validation table (run, tier, metric, live, sim, error_pct), next to the
+headline table in runs/<UTC timestamp>/."""
 
 
 CHECK_MARK = "# NBVAL_CHECK_OUTPUT"

@@ -90,6 +90,10 @@ class TwinRates(_Strict):
                                        "work (HTTP, tokenizing, streaming) that a client sees "
                                        "on top of the engine: added to first-token and finish "
                                        "times, so a session's next turn waits for it too")
+    front_end_per_token_s: float = Field(0.0, ge=0, description="the API server's work per "
+                                         "prompt token of a prompt sent as text (rendering, "
+                                         "tokenizing): added to TTFT with front_end_latency_s "
+                                         "(kvrepro.engines.live.front_end measures it)")
     step_combine: Literal["max", "sum"] = Field(
         "max", description="a step's prefill compute and its memory traffic (weights, every "
                            "request's KV) overlap (max: a GPU's roofline) or run one after "

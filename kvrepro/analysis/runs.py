@@ -682,7 +682,22 @@ def _a4_headlines(records: pd.DataFrame, s: StudyASettings, roles: dict[str, str
         part = curves[curves["tier"] == roles["dram"]]
         out["A4.dram_ttft_before_fill"] = part.loc[part["bin_end_s"] <= dram_fill_s,
                                                    "ttft_median_s"].max()
+    out.update(_flash_late_ratio(data, s, roles))
     return out
+
+
+def _flash_late_ratio(data: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
+                      ) -> dict[str, float]:
+    """A4's "flash has the lowest TTFT of the three in the second half": flash's median TTFT
+    of requests sent in the run's second half over the lowest other tier's (< 1: lowest)."""
+    if "flash" not in roles or len(roles) < 2:
+        return {}
+    end_s = s.run_s if s.run_s is not None else float(data["send_s"].max())
+    late = data[_succeeded(data) & (data["send_s"] >= end_s / 2)]
+    medians = _ttft_s(late).groupby(late["tier"]).median()
+    others = [medians.get(t, math.nan) for r, t in roles.items() if r != "flash"]
+    best = min(others) if others else math.nan
+    return {"A4.flash_late_ratio": float(medians.get(roles["flash"], math.nan) / best)}
 
 
 def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
@@ -696,6 +711,9 @@ def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
     normal = data[_succeeded(data) & ~data["is_resume"].astype(bool)
                   & ~data["is_warmup"].astype(bool)]
     out["A5.normal_ttft"] = float(_ttft_s(normal).median())
+    per_tier = _ttft_s(normal).groupby(normal["tier"]).median()
+    for role, tier in roles.items():  # A5's bars are per tier; the pooled id is the study's
+        out[f"A5.normal_ttft_{role}"] = float(per_tier.get(tier, math.nan))
     out["A5.resumes"] = float(stats["n_resumes"].max())
     return out
 
@@ -730,7 +748,9 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     A4.ttft_cached is the median TTFT of all tiers' normal, non-warm-up turns sent in the
     first `early_window_s`; A4.baseline_ttft_high the highest binned median in the first half
     of the run; A4.dram_ttft_before_fill the highest DRAM binned median before the fill;
-    A5.normal_ttft the median of all tiers' normal turns; A5.resume_* and A5.resumes cover
+    A4.flash_late_ratio flash's median TTFT in the second half over the lowest other
+    tier's; A5.normal_ttft the median of all tiers' normal turns, A5.normal_ttft_<tier>
+    each tier's; A5.resume_* and A5.resumes cover
     the sessions that resumed in every tier's run (`common_resumes`; A5.resumes is then their
     number, otherwise the most resumes any tier saw).
     """

@@ -77,6 +77,27 @@ def test_skip_l1_reads_from_disk_without_staging_in_l1() -> None:
     assert not stores.stores[0].entries  # LMCache reported every such hit from L2
 
 
+def test_skip_l1_staging_room_limits_prefetches_and_stores() -> None:
+    """The flash tier's small L1 is room every chunk passes through: 4 chunks of room, disk
+    writes of 1 s a chunk, reads of 1 s a chunk."""
+    slow = {"read_bw_bytes_s": CHUNK_BYTES, "write_bw_bytes_s": CHUNK_BYTES}
+    tier = SimTier(offload=[_store(4), _store(100, name="flash", hard_limit=False)],
+                   skip_l1=True)
+    tier.offload[1] = tier.offload[1].model_copy(update=slow)
+    stores = OffloadHierarchy(tier, KV)
+    stores.write(list(range(6)), 0.0)  # chunks 0-3 reserve the room until 1, 2, 3, 4 s
+    assert list(stores.stores[1].entries) == [0, 1, 2, 3]
+    assert stores.writes_dropped[1] == 2 and stores.stores[0].rejected_chunks == 2
+    ids = [0, 1, 2, 3]
+    counts = stores.lookup(ids, 10.0)  # all written, the room free again
+    assert counts == [0, 4]
+    done_s, _ = stores.load(ids, counts, 0, 4, 10.0)
+    assert done_s == pytest.approx(14.0) and stores.bytes_used(0) == 4 * CHUNK_BYTES
+    assert stores.lookup(ids, 12.0) == [0, 0]  # no room until the first load is done
+    assert stores.stores[0].rejected_chunks == 6
+    assert stores.lookup(ids, 14.0) == [0, 4]
+
+
 def test_multi_process_spec_gives_lmcache_mp_behaviour() -> None:
     spec = load_server(data_file("servers", "cpu_tiny.yaml"))
     profile = load_profile(data_file("servers", "cpu_tiny.yaml"))
@@ -108,7 +129,7 @@ def _one_turn_profile(**tier_fields) -> SimProfile:
 
 
 def _lone_records(profile: SimProfile) -> pd.DataFrame:
-    spec = read_run(data_file("live", "cpu_tiny_lmcache", "dram")).meta["workload"]["params"]
+    spec = read_run(data_file("live", "cpu_tiny_fit", "dram")).meta["workload"]["params"]
     spec = {**spec, "session_rate_per_min": 1.0, "duration_s": 120.0}
     return simulate(build_workload("agentic", spec), profile, "dram", progress=False).records
 
@@ -138,7 +159,7 @@ def test_offload_fit_recovers_the_costs_of_a_twin_made_run() -> None:
     """Records the twin made with known costs stand in for a live run's: the fit must give
     the costs back, within the accuracy of the procedure (decode points carry the overlap
     count as the batch size, so the connector fit is close, not exact)."""
-    live = read_run(data_file("live", "cpu_tiny_lmcache", "dram"))
+    live = read_run(data_file("live", "cpu_tiny_fit", "dram"))
     known = {"lookup_s": 0.004, "connector_step_s": 0.0005, "connector_request_s": 0.0003}
     base = load_profile(data_file("servers", "cpu_tiny.yaml"))
     base = base.model_copy(update={"server": base.server.model_copy(
@@ -147,7 +168,7 @@ def test_offload_fit_recovers_the_costs_of_a_twin_made_run() -> None:
     truth = dram.model_copy(update={**known, "offload": [dram.offload[0].model_copy(
         update={"read_bw_bytes_s": 4.0e8})]})
     made = simulate(workload_of(live), base.model_copy(update={"tiers": {"dram": truth}}),
-                    "dram", duration_s=600.0, warmup_s=30.0, progress=False)
+                    "dram", duration_s=300.0, warmup_s=30.0, progress=False)
     fake = dataclasses.replace(live, records=made.records)
     start = dram.model_copy(update={"lookup_s": 0.0, "connector_step_s": 0.0,
                                     "connector_request_s": 0.0})

@@ -33,17 +33,29 @@ def random_prompts(n: int, tokens: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 30000) for _ in range(tokens)] for _ in range(n)]
 
 
-def send(base_url: str, model: str, prompt: list[int], timeout_s: float = 120.0
-         ) -> tuple[float, int]:
-    """(seconds until the 1-token answer is back, cached prompt tokens the server reports)."""
+def complete_once(base_url: str, model: str, prompt: list[int] | str,
+                  timeout_s: float = 120.0) -> tuple[float, dict[str, Any]]:
+    """(seconds until a 1-token completion of `prompt`, token ids or text, is back; the
+    usage the server reports)."""
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 1}).encode()
     request = urllib.request.Request(f"{base_url}/v1/completions", body,
                                      {"Content-Type": "application/json"})
     started = time.perf_counter()
     with _opener().open(request, timeout=timeout_s) as response:
         usage = json.load(response)["usage"]
-    details = usage.get("prompt_tokens_details") or {}
-    return time.perf_counter() - started, int(details.get("cached_tokens") or 0)
+    return time.perf_counter() - started, usage
+
+
+def cached_tokens(usage: dict[str, Any]) -> int:
+    """Cached prompt tokens of a usage record (0 when the server gives none)."""
+    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+def send(base_url: str, model: str, prompt: list[int], timeout_s: float = 120.0
+         ) -> tuple[float, int]:
+    """(seconds until the 1-token answer is back, cached prompt tokens the server reports)."""
+    took_s, usage = complete_once(base_url, model, prompt, timeout_s)
+    return took_s, cached_tokens(usage)
 
 
 def metrics(url: str) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class Engine:
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
         self.front_end_s = server.front_end_latency_s  # what the client sees on top
+        self.front_end_per_token_s = server.front_end_per_token_s
         # the load client's concurrency limit: turns due while it is reached wait, unsent
         self.max_in_flight, self.in_flight = max_in_flight, 0
         self.backlog: deque[TurnArrival] = deque()
@@ -192,7 +193,7 @@ class Engine:
             rows = self.table.rows[req.session_pos]
             nxt = req.turn_pos + 1
             if nxt < len(rows):
-                send_s = self.table.send_s(rows[nxt], self.now_s + self.front_end_s, 0.0)
+                send_s = self.table.send_s(rows[nxt], self.now_s + self._front_end(req), 0.0)
                 self._issue(req.session_pos, nxt, send_s)
         self._start_step()
 
@@ -220,13 +221,19 @@ class Engine:
     def _sample(self) -> dict[str, Any]:
         return sample_row(self.now_s, self.scheduler)
 
+    def _front_end(self, req: Request) -> float:
+        """The API server's time on a request, on top of the engine's (a constant, and the
+        per-token work of a prompt sent as text)."""
+        return self.front_end_s + self.front_end_per_token_s * req.prompt_tokens
+
     def _record(self, req: Request, error: str = "") -> dict[str, Any]:
         cached = max(req.cached_prompt_tokens, 0)
+        front_end_s = self._front_end(req)
         record = {
             "session_id": req.session_id, "turn": req.turn, "tier": self.tier_name,
             "engine": ENGINE, "send_s": req.send_s,
-            "first_token_s": req.first_token_s + self.front_end_s,
-            "finish_s": req.finish_s + self.front_end_s, "prompt_tokens": req.prompt_tokens,
+            "first_token_s": req.first_token_s + front_end_s,
+            "finish_s": req.finish_s + front_end_s, "prompt_tokens": req.prompt_tokens,
             "cached_prompt_tokens": float(cached) if not error else math.nan,
             "output_tokens": req.generated_tokens, "is_resume": req.is_resume,
             "is_warmup": req.send_s < self.warmup_s, "error": error,

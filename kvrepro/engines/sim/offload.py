@@ -36,6 +36,7 @@ How an LRU store makes room follows the LMCache that serves it:
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -185,6 +186,39 @@ class ChunkStore:
         return evicted
 
 
+class StagingBuffer:
+    """LMCache's L1 in front of a `skip_l1` disk tier: not a cache but room every chunk passes
+    through. A prefetch from the disk reserves room for the chunks it found until the
+    request's load is done; a store reserves room for each chunk until it is on the disk.
+    Without room a prefetch finds fewer chunks (the rest are recomputed) and a store is
+    dropped: in the live flash tier under saturation (data/live/cpu_tiny_validation/
+    b-saturating/flash) LMCache logged both, "L1 reservations failed with out-of-memory" and
+    "Failed to batched allocate". Refusals count on the L1 store (`rejected_chunks`)."""
+
+    def __init__(self, store: ChunkStore):
+        self.store = store
+        self.held = 0
+        self.releases: list[tuple[float, int]] = []
+
+    def room(self, now_s: float) -> int:
+        """Chunks that can be reserved now."""
+        releases = self.releases
+        while releases and releases[0][0] <= now_s:
+            self.held -= heapq.heappop(releases)[1]
+        return self.store.capacity_chunks - self.held
+
+    def reserve(self, n_chunks: int, until_s: float, now_s: float) -> int:
+        """Reserve up to `n_chunks` until `until_s`; return how many it got (the rest are
+        counted as refused)."""
+        got = max(0, min(n_chunks, self.room(now_s)))
+        if got:
+            self.held += got
+            heapq.heappush(self.releases, (until_s, got))
+        if got < n_chunks:
+            self.store.refuse(n_chunks - got, now_s)
+        return got
+
+
 class OffloadHierarchy:
     """The offload stores of one tier with their channels and byte counters."""
 
@@ -196,6 +230,7 @@ class OffloadHierarchy:
         self.write_through = tier.write_through
         # skip_l1 (LMCache's l2_store_policy): computed KV goes to the last store only
         self.first_write = len(self.stores) - 1 if tier.skip_l1 and self.stores else 0
+        self.staging = StagingBuffer(self.stores[0]) if self.first_write else None
         self.reads = [read_channel(c) for c in tier.offload]
         self.writes = [Channel(c.write_bw_bytes_s, c.chunk_write_latency_s)
                        for c in tier.offload]
@@ -212,6 +247,12 @@ class OffloadHierarchy:
             found = store.run_length(ids, pos, now_s)
             counts.append(found)
             pos += found
+        if self.staging is not None and pos > counts[0]:  # a prefetch needs room in L1
+            below = pos - counts[0]
+            room = max(0, self.staging.room(now_s))
+            if room < below:
+                self.staging.store.refuse(below - room, now_s)
+                counts = _cap_prefix(counts, counts[0] + room)
         return counts
 
     def touch(self, ids: list[int], counts: list[int], now_s: float) -> None:
@@ -238,7 +279,8 @@ class OffloadHierarchy:
                 done_s = max(done_s, self.reads[i].submit(now_s, n, self.chunk_bytes))
                 self.bytes_read[i] += n * self.chunk_bytes
             pos += found
-        if self.first_write:  # skip_l1: LMCache's L1 only passes L2 reads through
+        if self.staging is not None:  # skip_l1: LMCache's L1 only passes L2 reads through
+            self.staging.reserve(sum(per_store[1:]), done_s, now_s)
             return done_s, per_store
         pos = counts[0]
         for i in range(1, len(counts)):
@@ -285,6 +327,10 @@ class OffloadHierarchy:
             if start_s - now_s > limit_s:
                 self.writes_dropped[index] += sum(1 for c in ids[k:] if c not in entries)
                 return
+            if (self.staging is not None and index == self.first_write
+                    and not self.staging.reserve(1, start_s + chunk_s, now_s)):
+                self.writes_dropped[index] += 1  # no room in L1 to pass it through
+                continue
             channel.busy_until_s = start_s + chunk_s
             self.bytes_written[index] += self.chunk_bytes
             self._demote(index, store.insert(cid, channel.busy_until_s, now_s), now_s)
@@ -295,5 +341,18 @@ class OffloadHierarchy:
             self._write_to(index + 1, [evicted], now_s)
 
     def bytes_used(self, index: int) -> int:
-        """Bytes of chunks held by store `index` (writes in flight included)."""
+        """Bytes of chunks held by store `index` (writes in flight included; a staging
+        buffer's: its reservations)."""
+        if index == 0 and self.staging is not None:
+            return self.staging.held * self.chunk_bytes
         return len(self.stores[index].entries) * self.chunk_bytes
+
+
+def _cap_prefix(counts: list[int], total: int) -> list[int]:
+    """Per-store counts of a prefix match cut to `total` chunks, store by store."""
+    out, left = [], total
+    for found in counts:
+        take = min(found, max(0, left))
+        out.append(take)
+        left -= take
+    return out

@@ -13,7 +13,9 @@ Samples carry `time_s`, `running`, `waiting` (queued or loaded, not yet running)
 counters), `external_prefix_cache_queries_tokens` / `external_prefix_cache_hits_tokens`
 (offload), `preemptions`, `prompt_tokens`, `generation_tokens`, and per offload store
 `<store>_bytes_used`, `<store>_bytes_written`, `<store>_bytes_read`, `<store>_writes_dropped`
-(chunks), `<store>_evicted_chunks`, `<store>_rejected_chunks` (eviction "none", when full),
+(chunks), `<store>_evicted_chunks`, `<store>_rejected_chunks` (turned away when full:
+eviction "none", a multi-process LMCache L1 between its eviction loop's ticks, a staging
+buffer without room),
 `<store>_capacity_bytes` (what the store can hold in whole chunks: the configured capacity
 rounded down to a multiple of the chunk size).
 

