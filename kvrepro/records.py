@@ -74,20 +74,31 @@ def check_record(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+RUN_FILES = ("records.jsonl", "samples.jsonl", "meta.json")
+"""What makes a folder a run folder (and one that a new run must not write into)."""
+
+
 class RunWriter:
-    """Append records and samples to a run folder as they happen (context manager).
+    """Write records and samples to a new run folder as they happen (context manager).
 
     Each line is flushed (and fsync'ed every `fsync_every` lines) so that a killed run keeps
-    every finished request. `meta.json` is written at start and updated at close.
+    every finished request. `meta.json` is written at start and updated at close. A folder
+    that already holds a run is refused (two runs in one folder would read back as one, with
+    doubled throughput) unless `overwrite`, which replaces it.
     """
 
-    def __init__(self, run_dir: str | Path, meta: dict[str, Any], fsync_every: int = 50):
+    def __init__(self, run_dir: str | Path, meta: dict[str, Any], fsync_every: int = 50,
+                 overwrite: bool = False):
         self.run_dir = Path(run_dir)
+        used = [n for n in RUN_FILES if (self.run_dir / n).exists()]
+        if used and not overwrite:
+            raise FileExistsError(f"{self.run_dir} already holds a run ({', '.join(used)}): "
+                                  f"choose a new folder, or pass overwrite=True to replace it")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.meta = {**meta, "host": host_info(), "status": "running"}
         self._write_meta()
-        self._records: TextIO = open(self.run_dir / "records.jsonl", "a", encoding="utf-8")
-        self._samples: TextIO = open(self.run_dir / "samples.jsonl", "a", encoding="utf-8")
+        self._records: TextIO = open(self.run_dir / "records.jsonl", "w", encoding="utf-8")
+        self._samples: TextIO = open(self.run_dir / "samples.jsonl", "w", encoding="utf-8")
         self._fsync_every = fsync_every
         self._lines = 0
         self.n_records = 0
@@ -216,6 +227,27 @@ class Run:
     problems: list[str]
 
 
+def _unique_keys(rows: list[dict[str, Any]], path: Path, strict: bool,
+                 problems: list[str]) -> list[dict[str, Any]]:
+    """Rows with one record per (session_id, turn): a second one means two runs were mixed
+    into one folder; strict: an error naming both lines, lax: the later one is skipped."""
+    seen: dict[tuple[Any, Any], Any] = {}
+    kept = []
+    for row in rows:
+        key = (row.get("session_id"), row.get("turn"))
+        if key in seen:
+            message = (f"{path}:{row.get('_line', '?')}: duplicate record for session "
+                       f"{key[0]} turn {key[1]} (first at line {seen[key]}): two runs in one "
+                       f"folder?")
+            if strict:
+                raise ValueError(message)
+            problems.append(message)
+            continue
+        seen[key] = row.get("_line", "?")
+        kept.append(row)
+    return kept
+
+
 def read_run(run_dir: str | Path, strict: bool = True) -> Run:
     """Load a run folder written by `RunWriter` (see module doc)."""
     run_dir = Path(run_dir)
@@ -225,6 +257,7 @@ def read_run(run_dir: str | Path, strict: bool = True) -> Run:
         raise FileNotFoundError(f"{run_dir} has no records.jsonl (is it a run folder?)")
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     rows, problems = read_jsonl(rec_path, strict, line_key="_line")
+    rows = _unique_keys(rows, rec_path, strict, problems)
     records = _records_frame(rows, rec_path)
     samples = pd.DataFrame()
     if sam_path.is_file():

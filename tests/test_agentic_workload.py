@@ -1,6 +1,7 @@
 """Statistical and structural tests of study A's agentic workload generator."""
 
 import numpy as np
+import pandas as pd
 import pytest
 from pydantic import ValidationError
 
@@ -138,3 +139,30 @@ def test_save_load_round_trip(tmp_path) -> None:
     turns.to_parquet(tmp_path / "turns.parquet", index=False)
     with pytest.raises(ValueError, match="digest"):
         load_workload(tmp_path)
+
+
+def test_prompt_ids_from_the_session_index_match_a_scan_of_the_table() -> None:
+    """prompt_ids reads one session's rows from an index built once (not a scan of the whole
+    table per call); the prompts must be what a scan gives: earlier appends and outputs in
+    turn order, then this turn's append."""
+    from kvrepro.workload import build_workload
+
+    wl = build_workload("agentic", {"seed": 4, "duration_s": 300, "session_rate_per_min": 20,
+                                    "context_cap_tokens": 6000})
+    shuffled = wl.turns.sample(frac=1.0, random_state=0)  # row order must not matter
+    wl.turns = shuffled
+    for row in shuffled.head(60).itertuples():
+        mine = shuffled[(shuffled.session_id == row.session_id) & (shuffled.turn <= row.turn)]
+        mine = mine.sort_values("turn")
+        if "context_start_turn" in mine:
+            mine = mine[mine.turn >= int(mine.context_start_turn.iloc[-1])]
+        parts = []
+        for r in mine.itertuples(index=False):
+            series = pd.Series(r._asdict())
+            parts.append(wl.tokens.append_ids(series))
+            if r.turn < row.turn:
+                parts.append(wl.tokens.output_ids(series))
+        assert wl.prompt_ids(row.session_id, row.turn).tolist() == np.concatenate(parts).tolist()
+    built = wl._by_session
+    wl.prompt_ids(int(shuffled.session_id.iloc[0]), int(shuffled.turn.iloc[0]))
+    assert wl._by_session is built  # one index for every call

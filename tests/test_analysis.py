@@ -356,8 +356,12 @@ def test_study_a_headlines_by_hand(three_tiers) -> None:
         "A5.resume_median_baseline": 1.4, "A5.resume_max_baseline": 1.6,
         "A5.resume_median_dram": 0.7, "A5.resume_max_dram": 0.8,
         "A5.resume_median_flash": 1.95, "A5.resume_max_flash": 3.2,
-        # normal turns 0.4 2.0 3.0 / 0.5 0.5 0.7 / 0.6 0.6 0.9 -> median 0.6
-        "A5.normal_ttft": 0.6, "A5.resumes": 2,
+        # sent in the second half (>= 180 s): baseline 1.2 1.6 3.0, dram 0.6 0.8 0.7, flash
+        # 0.7 3.2 0.9 -> medians 1.6, 0.7, 0.9: flash over the lowest other = 0.9 / 0.7
+        "A4.flash_late_ratio": 0.9 / 0.7,
+        # normal turns 0.4 2.0 3.0 / 0.5 0.5 0.7 / 0.6 0.6 0.9 -> median 0.6; per tier
+        "A5.normal_ttft": 0.6, "A5.resumes": 2, "A5.normal_ttft_baseline": 2.0,
+        "A5.normal_ttft_dram": 0.5, "A5.normal_ttft_flash": 0.6,
     }
     assert set(got) == set(want)
     for key, value in want.items():

@@ -95,6 +95,9 @@ class FakeServer:
         if mode == "http500":
             error = {"message": "boom: engine died", "type": "InternalServerError", "code": 500}
             return web.json_response({"error": error}, status=500)
+        if mode == "json200":  # an error body with a success status, not an event stream
+            error = {"message": "prompt too long for this model", "type": "BadRequestError"}
+            return web.json_response({"error": error}, status=200)
         self.history.append(prompt + out)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -286,6 +289,18 @@ def test_failures_are_recorded_the_session_ends_and_the_run_goes_on(tmp_path: Pa
     outs = [np.asarray(server_request(server, wl, 5, 0)["output_ids"])]
     assert server_request(server, wl, 5, 2)["body"]["prompt"] == wl.prompt_ids(
         5, 2, outputs=outs).tolist()
+
+
+def test_http_200_with_a_json_error_body_keeps_the_servers_message(tmp_path: Path) -> None:
+    wl = small_workload(2)
+    server = FakeServer()
+    server.modes = {(first_token(wl, 0), 0): "json200"}
+    with_server(server, wl, tmp_path)
+    rec = read_run(tmp_path).records.set_index(["session_id", "turn"])
+    error = rec.loc[(0, 0), "error"]
+    assert error.startswith("stream ended without [DONE] after 0 chunk(s)"), error
+    assert error.endswith("the server said: prompt too long for this model"), error
+    assert (rec.loc[1, "error"] == "").all()
 
 
 def test_refused_connection_is_recorded(tmp_path: Path) -> None:

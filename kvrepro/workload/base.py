@@ -85,6 +85,20 @@ class Workload:
     sessions: pd.DataFrame
     turns: pd.DataFrame
     tokens: TokenSource = field(repr=False)
+    _by_session: tuple[int, pd.DataFrame, dict[int, np.ndarray]] | None = field(
+        default=None, init=False, repr=False, compare=False)
+
+    def _session_turns(self, session_id: int) -> pd.DataFrame:
+        """One session's turns in turn order, from an index built once per turns table (a
+        scan of the whole table per prompt made N one-turn prompts cost O(N^2))."""
+        cached = self._by_session
+        if cached is None or cached[0] != id(self.turns):
+            ordered = self.turns.sort_values(["session_id", "turn"], kind="stable")
+            groups = ordered.groupby("session_id", sort=False).indices
+            index = {int(k): v for k, v in groups.items()}
+            cached = self._by_session = (id(self.turns), ordered, index)
+        _, ordered, index = cached
+        return ordered.iloc[index.get(int(session_id), np.zeros(0, dtype=np.int64))]
 
     def prompt_ids(self, session_id: int, turn: int,
                    outputs: list[np.ndarray] | None = None) -> np.ndarray:
@@ -93,7 +107,8 @@ class Workload:
         `outputs` replaces the nominal outputs of earlier turns with what an engine really
         generated (a live server's own token ids), keeping the prefix the server cached.
         """
-        rows = self.turns[(self.turns.session_id == session_id) & (self.turns.turn <= turn)]
+        rows = self._session_turns(session_id)
+        rows = rows[rows.turn.to_numpy() <= turn]
         if rows.empty or rows.turn.max() != turn:
             raise KeyError(f"no turn {turn} in session {session_id}")
         if "context_start_turn" in rows:

@@ -220,6 +220,7 @@ class Reply:
     chunks: int = 0
     usage: dict[str, Any] | None = None
     done: bool = False
+    other_text: bytes = b""  # the first non-SSE line (a JSON error body sent with HTTP 200)
 
 
 class RequestError(Exception):
@@ -269,8 +270,11 @@ class HttpTransport:
                 raise RequestError(f"HTTP {resp.status}: {_error_message(body)}")
             await _read_stream(resp.content, reply, now_s)
             if not reply.done:
+                said = reply.other_text.decode(errors="replace")
                 raise RequestError(f"stream ended without [DONE] after {reply.chunks} chunk(s), "
-                                   f"{len(reply.output_ids)} token id(s)")
+                                   f"{len(reply.output_ids)} token id(s)"
+                                   + (f"; the server said: {_error_message(said)}"
+                                      if said else ""))
             await _drain(resp.content)
 
 
@@ -306,8 +310,10 @@ async def _drain(content: aiohttp.StreamReader) -> None:
 def _apply_line(line: bytes, reply: Reply, now_s: Callable[[], float]) -> bool:
     """Apply one SSE line to `reply`; True at the closing `[DONE]`."""
     line = line.strip()
-    if not line.startswith(b"data:"):
-        return False  # blank separators, comments (": ping"), other SSE fields
+    if not line.startswith(b"data:"):  # blank separators, comments (": ping"), other fields,
+        if line and not line.startswith(b":") and not reply.other_text:  # or a plain body
+            reply.other_text = line[:2000]
+        return False
     payload = line[5:].strip()
     if payload == b"[DONE]":
         reply.done, reply.finish_s = True, now_s()
