@@ -97,7 +97,11 @@ def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
         assert sim_bytes[store.name] == pytest.approx(adapter["max_capacity_gb"] * GIB)
         assert adapter["base_path"] == store.path
         assert adapter["use_odirect"] is (store.io_mode == "o_direct")
-    assert sim_tier.load_async is False and sim_tier.save_decode_kv is False  # MP: defaults
+    # the multi-process connector answers lookups later and always loads asynchronously
+    # (lmcache_mp_connector.get_num_new_matched_tokens); decode KV is not saved by default
+    assert sim_tier.load_async is True and sim_tier.lookup_async is True
+    assert sim_tier.save_decode_kv is False
+    assert all(s.async_eviction for s in sim_tier.offload)  # MP's eviction loop
 
 
 def test_lmcache_defaults_reach_both_engines() -> None:
