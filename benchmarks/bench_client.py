@@ -1,6 +1,7 @@
 """How much the live load client costs per request, and how many requests/s it sustains.
 
 Usage: .venv/bin/python benchmarks/bench_client.py [--sessions 256] [--turns 20]
+       [--one-turn-sessions 5000] [--one-turn-in-flight 64] [--repeats 3]
 
 A stand-in for vLLM runs in a subprocess (aiohttp, its own core when there are two): it
 answers every `/v1/completions` request at once with a vLLM-shaped stream (first chunk echoes
@@ -20,6 +21,14 @@ Two phases, two measures:
    (process time / requests; includes building each next prompt with `Workload.prompt_ids`),
    and the server's, to show which side limits the rate. Both sides are single-threaded
    Python event loops.
+3. Set-up cost: `--one-turn-sessions` one-turn sessions, all due at once, at most
+   `--one-turn-in-flight` requests in flight (a steady stream, so sends and replies
+   interleave as in a long run). Prints the client's CPU per request over the whole run
+   (planning, building every first prompt, which the client does before its first send, and
+   all requests) next to its steady-state CPU per request (process time between the records
+   at 1/4 and 3/4 of the run over the records between them), medians of `--repeats` runs.
+   Set-up that grows faster than the run (a scan of the turns table per prompt cost 7.5 s of
+   CPU for 5,000 sessions) shows as whole-run far above steady state.
 """
 
 from __future__ import annotations
@@ -121,6 +130,37 @@ async def phase(url: str, workload: Workload, run_dir: Path) -> tuple[ClientStat
     return stats, time.process_time() - cpu_start, await server_stats(url)
 
 
+async def one_turn_cpu(url: str, sessions: int, in_flight: int, run_dir: Path
+                       ) -> tuple[float, float, ClientStats]:
+    """Client CPU seconds per request for `sessions` one-turn sessions due at once: over the
+    whole run, and in steady state (between the records at 1/4 and 3/4 of the run)."""
+    workload = bench_workload(sessions, 1)
+    config = ClientConfig(base_url=url, model="bench", tier="bench", max_in_flight=in_flight)
+    marks_s: list[float] = []  # process time as each record is written
+    cpu_start = time.process_time()
+    with RunWriter(run_dir, {"engine": "live", "tier": "bench"}) as writer:
+        stats = await run_workload(workload, writer, config,
+                                   on_record=lambda record: marks_s.append(time.process_time()))
+    whole_s = (time.process_time() - cpu_start) / max(len(marks_s), 1)
+    lo, hi = len(marks_s) // 4, len(marks_s) * 3 // 4
+    steady_s = (marks_s[hi] - marks_s[lo]) / (hi - lo) if hi > lo else float("nan")
+    return whole_s, steady_s, stats
+
+
+async def set_up_cost(url: str, sessions: int, in_flight: int, repeats: int, tmp: Path) -> None:
+    """Print whole-run and steady-state client CPU per request (medians of `repeats`)."""
+    runs = [await one_turn_cpu(url, sessions, in_flight, tmp / f"one_turn_{i}")
+            for i in range(repeats)]
+    whole_ms = statistics.median(r[0] for r in runs) * 1e3
+    steady_ms = statistics.median(r[1] for r in runs) * 1e3
+    failed = sum(r[2].requests_failed for r in runs)
+    print(f"set-up cost: {sessions} one-turn sessions due at once, at most {in_flight} in "
+          f"flight, medians of {repeats} runs ({failed} requests failed in all)\n"
+          f"  client CPU per request: whole run {whole_ms:.3f} ms, steady state "
+          f"{steady_ms:.3f} ms, ratio {whole_ms / steady_ms:.2f} "
+          f"(runs: {', '.join(f'{r[0] * 1e3:.3f}/{r[1] * 1e3:.3f}' for r in runs)} ms)")
+
+
 def start_server() -> tuple[subprocess.Popen, str]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -167,6 +207,8 @@ async def main_async(args: argparse.Namespace, url: str) -> None:
               f"{cpu_s / n * 1e3:.3f} ms/request, server CPU "
               f"{(server['cpu_s'] - server_cpu0) / n * 1e3:.3f} ms/request; "
               f"max send lag {stats.max_send_lag_s * 1e3:.1f} ms")
+        await set_up_cost(url, args.one_turn_sessions, args.one_turn_in_flight, args.repeats,
+                          Path(tmp))
 
 
 def main() -> None:
@@ -175,6 +217,9 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=256)
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--overhead-requests", type=int, default=300)
+    parser.add_argument("--one-turn-sessions", type=int, default=5000)
+    parser.add_argument("--one-turn-in-flight", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:

@@ -4,6 +4,7 @@ a bad input is easy to find."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from numbers import Real
 from typing import Any
@@ -33,3 +34,22 @@ def require_columns(df: Any, columns: Iterable[str], what: str) -> None:
     missing = [c for c in columns if c not in present]
     if missing:
         raise ValueError(f"{what}: data lacks column(s) {missing}")
+
+
+def not_utf8(err: UnicodeDecodeError) -> tuple[int, str]:
+    """(1-based line, reason) for bytes that are not UTF-8, from the decoding error.
+
+    Readers decode what they read themselves and report this like any malformed line, so a
+    stray byte is a skipped line or an error naming file and line, never a bare
+    UnicodeDecodeError. The line is counted in the bytes that were decoded (1 for a line
+    decoded on its own).
+    """
+    data = bytes(err.object)
+    line = data.count(b"\n", 0, err.start) + 1
+    column = err.start - data.rfind(b"\n", 0, err.start)
+    return line, f"not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}: {err.reason})"
+
+
+UNDECODABLE_RE = re.compile("[\udc80-\udcff]")
+"""What a byte that is not UTF-8 becomes in text decoded with errors="surrogateescape" (how
+a lax reader of a whole document finds which part of it held the byte)."""

@@ -31,6 +31,13 @@ def _reproduce(args: argparse.Namespace) -> int:
     print("\nHeadline numbers, reproduced vs the studies' values "
           f"({result.run_dir / 'headline_numbers.csv'}):\n")
     print(reference.format_headlines(result.headlines))
+    if not result.headlines.empty:
+        from kvrepro.provenance import KINDS, count_by_kind
+
+        print("\nBy kind (only `predicted` numbers count as reproduced):\n")
+        print(count_by_kind(result.headlines).to_string(index=False))
+        for kind, meaning in KINDS.items():
+            print(f"  {kind:9s} {meaning}")
     if result.validation is not None:
         from kvrepro.engines.sim.validate import summary_table
 

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
-from kvrepro._checks import require_columns
+from kvrepro._checks import not_utf8, require_columns
 
 RECORD_COLUMNS: dict[str, str] = {
     "session_id": "int64",
@@ -157,24 +157,26 @@ def read_jsonl(path: str | Path, strict: bool = True,
     With `line_key`, each object gets its 1-based line number under that key.
 
     A truncated last line (a run killed mid-write) is skipped with a warning. Any other bad
-    line raises ValueError naming the file and line, unless `strict=False`, which skips it
-    and reports it in the problems list.
+    line, including one that is not UTF-8, raises ValueError naming the file and line,
+    unless `strict=False`, which skips it and reports it in the problems list. Lines are
+    decoded one by one, so one bad byte costs one line, not the file.
     """
     path = Path(path)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(raw.decode("utf-8"))
             if not isinstance(obj, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as err:
-            msg = f"{path}:{number}: malformed line ({err})"
-            is_tail = number == len(lines) and not text.endswith("\n")
+        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError included
+            reason = not_utf8(err)[1] if isinstance(err, UnicodeDecodeError) else str(err)
+            msg = f"{path}:{number}: malformed line ({reason})"
+            is_tail = number == len(lines) and not data.endswith(b"\n")
             if is_tail:
                 warnings.warn(f"{msg}; truncated last line skipped", stacklevel=2)
             elif strict:
@@ -187,15 +189,55 @@ def read_jsonl(path: str | Path, strict: bool = True,
     return rows, problems
 
 
-def _records_frame(rows: list[dict[str, Any]], path: Path) -> pd.DataFrame:
-    checked = []
+_INT_COLUMNS = [c for c, t in RECORD_COLUMNS.items() if t == "int64"]
+_FLOAT_COLUMNS = [c for c, t in RECORD_COLUMNS.items() if t == "float64"]
+_BOOL_COLUMNS = [c for c, t in RECORD_COLUMNS.items() if t == "bool"]
+
+
+def _type_problem(row: dict[str, Any]) -> str | None:
+    """Why a read record's field cannot take its column's dtype, or None: checked per line,
+    so that a corrupted value is that line's error instead of a failed cast of the frame."""
+    for name in _INT_COLUMNS:
+        value = row[name]
+        number = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(number, bool) or not isinstance(number, int) or abs(number) >= 2**63:
+            return f"field {name!r} must be an integer, got {str(value)[:60]}"
+    for name in _FLOAT_COLUMNS:
+        value = row[name]
+        if value is not None and (isinstance(value, bool)
+                                  or not isinstance(value, int | float)):
+            return f"field {name!r} must be a number or null, got {str(value)[:60]}"
+    for name in _BOOL_COLUMNS:
+        if row[name] not in (True, False):  # 0 and 1 too
+            return f"field {name!r} must be true or false, got {str(row[name])[:60]}"
+    return None
+
+
+def _usable_records(rows: list[dict[str, Any]], path: Path, strict: bool,
+                    problems: list[str]) -> list[dict[str, Any]]:
+    """Rows with every required field of a usable type (optional ones filled in); a bad one
+    raises ValueError naming file and line, or with `strict=False` is skipped and listed."""
+    kept = []
     for row in rows:
-        line = row.pop("_line", "?")
         try:
-            checked.append(check_record(row))
+            checked = check_record(row)
+            reason = _type_problem(checked)
         except ValueError as err:
-            raise ValueError(f"{path}:{line}: {err}") from None
-    rows = checked
+            reason = str(err)
+        if reason is None:
+            kept.append(checked)
+            continue
+        message = f"{path}:{row.get('_line', '?')}: {reason}"
+        if strict:
+            raise ValueError(message)
+        problems.append(message)
+    return kept
+
+
+def _records_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """The frame of rows already checked by `_usable_records` (line numbers dropped)."""
+    for row in rows:
+        row.pop("_line", None)
     return typed_records(pd.DataFrame(rows, columns=list(dict.fromkeys([*RECORD_COLUMNS,
                                                                          *_extra(rows)]))))
 
@@ -248,17 +290,46 @@ def _unique_keys(rows: list[dict[str, Any]], path: Path, strict: bool,
     return kept
 
 
+def _read_meta(meta_path: Path, strict: bool, problems: list[str]) -> dict[str, Any]:
+    """meta.json as a dict ({} when absent); unreadable: ValueError naming the file, or
+    with `strict=False` a problem and {}."""
+    if not meta_path.is_file():
+        return {}
+    data = meta_path.read_bytes()
+    try:
+        meta = json.loads(data.decode("utf-8"))
+        if not isinstance(meta, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:
+        line, reason = not_utf8(err) if isinstance(err, UnicodeDecodeError) else (
+            getattr(err, "lineno", 1), str(err))
+        message = f"{meta_path}:{line}: unreadable run metadata ({reason})"
+        if strict:
+            raise ValueError(message) from err
+        problems.append(message)
+        return {}
+    return meta
+
+
 def read_run(run_dir: str | Path, strict: bool = True) -> Run:
-    """Load a run folder written by `RunWriter` (see module doc)."""
+    """Load a run folder written by `RunWriter` (see module doc).
+
+    A bad line (malformed, not UTF-8, a field missing or of the wrong type, a duplicate
+    record) raises ValueError naming file and line; `strict=False` skips it, keeps the
+    rest and lists it in `Run.problems`.
+    """
     run_dir = Path(run_dir)
     rec_path, sam_path, meta_path = (run_dir / n for n in
                                      ("records.jsonl", "samples.jsonl", "meta.json"))
     if not rec_path.is_file():
         raise FileNotFoundError(f"{run_dir} has no records.jsonl (is it a run folder?)")
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    rows, problems = read_jsonl(rec_path, strict, line_key="_line")
+    problems: list[str] = []
+    meta = _read_meta(meta_path, strict, problems)
+    rows, record_problems = read_jsonl(rec_path, strict, line_key="_line")
+    problems += record_problems
+    rows = _usable_records(rows, rec_path, strict, problems)
     rows = _unique_keys(rows, rec_path, strict, problems)
-    records = _records_frame(rows, rec_path)
+    records = _records_frame(rows)
     samples = pd.DataFrame()
     if sam_path.is_file():
         sample_rows, sample_problems = read_jsonl(sam_path, strict)

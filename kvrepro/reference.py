@@ -12,9 +12,10 @@ from pathlib import Path
 import pandas as pd
 
 from kvrepro._paths import data_file
+from kvrepro.provenance import headline_kinds
 
 HEADLINE_COLUMNS = ["id", "figure", "quantity", "unit", "study", "reproduced", "rel_diff_pct",
-                    "source"]
+                    "kind", "why", "source"]
 
 
 @lru_cache(maxsize=1)
@@ -23,11 +24,15 @@ def load_reference() -> pd.DataFrame:
     return pd.read_csv(data_file("reference", "reference_numbers.csv")).set_index("id")
 
 
-def compare(reproduced: Mapping[str, float], source: str = "") -> pd.DataFrame:
-    """Table of reproduced numbers next to the study's, with the relative difference in %.
+def compare(reproduced: Mapping[str, float], source: str = "",
+            kind: str | Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Table of reproduced numbers next to the study's, with the relative difference in %
+    and each number's provenance (`kind`, `why`: see `kvrepro.provenance`).
 
     `reproduced` maps reference ids (e.g. "A7.dwpd_raid10") to values in the reference's unit.
     An unknown id is an error, so a typo cannot silently drop a number from the comparison.
+    `kind` (one for all, or per id) overrides the registry's, e.g. "measured" for numbers
+    of this machine's drive.
     """
     ref = load_reference()
     unknown = sorted(set(reproduced) - set(ref.index))
@@ -35,13 +40,14 @@ def compare(reproduced: Mapping[str, float], source: str = "") -> pd.DataFrame:
         raise KeyError(f"unknown reference id(s) {unknown}; "
                        "see data/reference/reference_numbers.csv")
     rows = []
-    for ref_id, value in reproduced.items():
+    kinds = headline_kinds(list(reproduced), kind)
+    for (ref_id, value), (row_kind, why) in zip(reproduced.items(), kinds, strict=True):
         study = float(ref.at[ref_id, "value"])
         rel = (float(value) - study) / abs(study) * 100 if study else float("nan")
         rows.append({"id": ref_id, "figure": ref.at[ref_id, "figure"],
                      "quantity": ref.at[ref_id, "quantity"], "unit": ref.at[ref_id, "unit"],
                      "study": study, "reproduced": float(value), "rel_diff_pct": rel,
-                     "source": source})
+                     "kind": row_kind, "why": why, "source": source})
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 
 
@@ -75,12 +81,13 @@ def _fmt(value: float) -> str:
 
 
 def format_headlines(table: pd.DataFrame) -> str:
-    """Plain-text table for the terminal: id, study value, reproduced value, difference."""
+    """Plain-text table for the terminal: id, study value, reproduced value, difference,
+    kind."""
     if table.empty:
         return "(no headline numbers were produced)"
     shown = table.assign(
         study=table.study.map(_fmt),
         reproduced=table.reproduced.map(_fmt),
         rel_diff_pct=table.rel_diff_pct.map(lambda v: f"{v:+.1f} %"))
-    return shown[["id", "unit", "study", "reproduced", "rel_diff_pct", "source"]].to_string(
-        index=False)
+    columns = ["id", "unit", "study", "reproduced", "rel_diff_pct", "kind", "source"]
+    return shown[[c for c in columns if c in shown]].to_string(index=False)

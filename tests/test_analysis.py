@@ -359,11 +359,13 @@ def test_study_a_headlines_by_hand(three_tiers) -> None:
         # sent in the second half (>= 180 s): baseline 1.2 1.6 3.0, dram 0.6 0.8 0.7, flash
         # 0.7 3.2 0.9 -> medians 1.6, 0.7, 0.9: flash over the lowest other = 0.9 / 0.7
         "A4.flash_late_ratio": 0.9 / 0.7,
-        # normal turns 0.4 2.0 3.0 / 0.5 0.5 0.7 / 0.6 0.6 0.9 -> median 0.6; per tier
-        "A5.normal_ttft": 0.6, "A5.resumes": 2, "A5.normal_ttft_baseline": 2.0,
+        # normal turns per tier (A5's bars): 0.4 2.0 3.0 / 0.5 0.5 0.7 / 0.6 0.6 0.9; no
+        # median pooled over the tiers (it would be 0.6, matching no bar)
+        "A5.resumes": 2, "A5.normal_ttft_baseline": 2.0,
         "A5.normal_ttft_dram": 0.5, "A5.normal_ttft_flash": 0.6,
     }
     assert set(got) == set(want)
+    assert "A5.normal_ttft" not in got
     for key, value in want.items():
         assert got[key] == pytest.approx(value), key
     assert set(got) <= set(load_reference().index)
@@ -415,6 +417,82 @@ def test_study_a_headlines_smoothing_setting(three_tiers) -> None:
     assert got["A2.dram_peak_gain"] == pytest.approx(((42 + 31.5 + 16) / 3) / 11)
     with pytest.raises(TypeError):
         an.study_a_headlines(records, no_such_setting=1)
+
+
+def test_study_a_headlines_read_the_figures_bins(three_tiers) -> None:
+    records, samples = three_tiers
+    # 120 s bins merge the 60 s bins in pairs (one request per 60 s bin, all at a point):
+    # dram totals (606+60+600+60)/120, (2400+120+1800+90)/120, (900+60+900+60)/120
+    curves = an.study_a_rates(records, run_s=360, bin_s=120)
+    dram = curves[curves.tier == "dram"]
+    assert dram.total_tok_s.tolist() == pytest.approx([11.05, 36.75, 16.0])
+    assert dram.output_tok_s.tolist() == pytest.approx([1.0, 1.75, 1.0])
+    got = an.study_a_headlines(records, samples, run_s=360, bin_s=120)
+    # late window [240, 360] holds the one bin centred at 300 s
+    assert got["A2.dram_peak_gain"] == pytest.approx(36.75 / 11)
+    assert got["A2.dram_retained"] == pytest.approx(100 * 16 / 36.75)
+    assert got["A2.flash_retained"] == pytest.approx(100 * 26.5 / 31.5)
+    assert got["A3.dram_output_gain"] == pytest.approx(1.75)
+    # baseline sends (non-warm-up) 89.6 s (0.4 s), 148 (2.0), 208.8 (1.2), 268.4 (1.6),
+    # 327 (3.0): the first half holds only the bin [0, 120), median 0.4
+    assert got["A4.baseline_ttft_high"] == pytest.approx(0.4)
+    assert an.study_a_headlines(records, samples, run_s=360)["A4.baseline_ttft_high"] == \
+        pytest.approx(2.0)
+
+
+def test_study_a_rates_smooth_once_as_the_headlines_do(three_tiers) -> None:
+    records, _ = three_tiers
+    settings = an.StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
+    dram = an.study_a_rates(records, settings).query("tier == 'dram'").total_tok_s
+    # centred means of 11.1 11 42 31.5 16 16 with partial windows at the ends
+    want = [(11.1 + 11) / 2, (11.1 + 11 + 42) / 3, (11 + 42 + 31.5) / 3,
+            (42 + 31.5 + 16) / 3, (31.5 + 16 + 16) / 3, 16.0]
+    assert dram.tolist() == pytest.approx(want)
+    assert an.study_a_headlines(records, settings=settings)["A2.dram_after"] == \
+        pytest.approx((want[4] + want[5]) / 2)
+
+
+def test_study_a_ttft_and_resumes_leave_out_warm_up(three_tiers) -> None:
+    records, _ = three_tiers
+    ttft = an.study_a_ttft(records, run_s=360, bin_s=120)
+    base = ttft[ttft.tier == "baseline"]
+    assert base.n.tolist() == [1, 2, 2]  # the warm-up turn sent at 21 s is not counted
+    assert base.ttft_median_s.tolist() == pytest.approx([0.4, 1.6, 2.3])
+    resumes = an.study_a_resumes(records).set_index("tier")
+    assert resumes.at["flash", "normal_ttft_median_s"] == pytest.approx(0.6)
+    assert resumes.at["baseline", "n_resumes"] == 2
+
+
+# ---------------------------------------------------------------- hits vs misses
+
+def test_hit_miss_ttft_by_cached_share() -> None:
+    rows = [rec(prompt_tokens=4000, cached_prompt_tokens=3900.0, send_s=0, first_token_s=0.2),
+            rec(prompt_tokens=5000, cached_prompt_tokens=4500.0, send_s=0, first_token_s=0.4),
+            rec(prompt_tokens=4000, cached_prompt_tokens=800.0, send_s=0, first_token_s=3.0),
+            rec(prompt_tokens=6000, cached_prompt_tokens=0.0, send_s=0, first_token_s=5.0),
+            rec(prompt_tokens=8000, cached_prompt_tokens=0.0, send_s=0, first_token_s=9.0),
+            # neither: half cached; too short; failed; cached count unknown
+            rec(prompt_tokens=4000, cached_prompt_tokens=2000.0, send_s=0, first_token_s=1.0),
+            rec(prompt_tokens=1000, cached_prompt_tokens=1000.0, send_s=0, first_token_s=0.1),
+            rec(prompt_tokens=4000, cached_prompt_tokens=4000.0, error="HTTP 500"),
+            rec(prompt_tokens=4000, cached_prompt_tokens=math.nan, send_s=0,
+                first_token_s=7.0)]
+    out = an.hit_miss_ttft(frame(rows), min_prompt_tokens=3000).set_index("kind")
+    assert list(out.index) == ["hit", "miss"]
+    assert out.n.tolist() == [2, 3]  # 0.975 and 0.9 (boundary) / 0.2 (boundary), 0, 0
+    assert out.at["hit", "median_ttft_s"] == pytest.approx(0.3)
+    assert out.at["miss", "median_ttft_s"] == pytest.approx(5.0)
+    assert out.at["miss", "median_prompt_tokens"] == 6000
+    assert out.at["hit", "rule"] == ">= 90% cached"
+    strict = an.hit_miss_ttft(frame(rows), min_prompt_tokens=3000, hit_share=0.95,
+                              miss_share=0.1).set_index("kind")
+    assert strict.n.tolist() == [1, 2]
+    none = an.hit_miss_ttft(frame(rows), min_prompt_tokens=10_000).set_index("kind")
+    assert none.n.tolist() == [0, 0] and none.median_ttft_s.isna().all()
+    with pytest.raises(ValueError, match="miss_share"):
+        an.hit_miss_ttft(frame(rows), hit_share=0.2, miss_share=0.5)
+    with pytest.raises(ValueError, match="hit_share"):
+        an.hit_miss_ttft(frame(rows), hit_share=1.5)
 
 
 # ---------------------------------------------------------------- bad input

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -41,68 +42,163 @@ def mooncake() -> pd.DataFrame:
 
 
 def random_trace(seed: int, n: int = 60) -> pd.DataFrame:
-    """Requests with shared prefixes, equal timestamps and repeated ids, for cross-checks."""
+    """Requests with shared prefixes, equal timestamps and repeated ids, for cross-checks; half
+    of them end in a block of their own (as real partial blocks do), the others in a shared id
+    that may be full elsewhere (the largest-size convention)."""
     rng = np.random.default_rng(seed)
     rows = []
-    for _ in range(n):
+    for i in range(n):
         k = int(rng.integers(1, 6))
-        ids = tuple(int(h) for h in rng.integers(0, 15, k))
+        ids = [int(h) for h in rng.integers(0, 15, k)]
+        if rng.random() < 0.5:
+            ids[-1] = 1000 + i
         rows.append((float(rng.integers(0, 40)) * 25.0, (k - 1) * 10 + int(rng.integers(1, 11)),
-                     ids))
+                     tuple(ids)))
     return trace(rows)
 
 
 # --------------------------------------------------------------------------- working set
 
 
-def test_mooncake_working_set_fast_equals_reference(mooncake: pd.DataFrame) -> None:
-    fast = blocks.working_set(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=60.0)
-    slow = blocks.working_set_reference(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=60.0)
+def kept_tokens(input_length: int, hashes: tuple[int, ...], block_tokens: int,
+                rule: str) -> dict[int, int]:
+    """Tokens a store keeps per block of one request, by the definitions, from token positions.
+
+    Token position p of the prompt lies in block p // block_tokens; a block is full when all
+    `block_tokens` positions fall into it. "full_only" keeps full blocks only, "whole" keeps
+    every listed block at `block_tokens`, "actual" keeps each block at the positions in it.
+    """
+    positions = np.bincount(np.arange(input_length) // block_tokens).tolist()
+    assert len(positions) == len(hashes), "input_length does not match the hash ids"
+    kept: dict[int, int] = {}
+    for block, n_positions in zip(hashes, positions, strict=True):
+        tokens = {"full_only": n_positions if n_positions == block_tokens else 0,
+                  "whole": block_tokens, "actual": n_positions}[rule]
+        if tokens and block not in kept:
+            kept[block] = tokens
+    return kept
+
+
+def working_set_by_definition(df: pd.DataFrame, block_tokens: int, kv_bytes_per_token: int,
+                              ttl_s: float, grid_s: float, rule: str) -> pd.DataFrame:
+    """The working set by the definition: at each grid time t, a dict of the blocks kept by
+    requests with t - TTL < u <= t, each at the largest size the trace ever gives it."""
+    rows = sorted(zip(df.arrival_s, df.input_length, df.hash_ids, strict=True),
+                  key=lambda row: row[0])
+    kept = [kept_tokens(n, tuple(h), block_tokens, rule) for _, n, h in rows]
+    size: dict[int, int] = {}
+    for blocks_of_request in kept:
+        for block, tokens in blocks_of_request.items():
+            size[block] = max(size.get(block, 0), tokens * kv_bytes_per_token)
+    arrivals = [row[0] for row in rows]
+    grid = blocks.time_grid(arrivals[0], arrivals[-1], grid_s)
+    ws_bytes, live_blocks = [], []
+    for t in grid:
+        live: dict[int, int] = {}
+        for i in range(bisect.bisect_right(arrivals, t - ttl_s), bisect.bisect_right(arrivals, t)):
+            live.update({block: size[block] for block in kept[i]})
+        ws_bytes.append(sum(live.values()))
+        live_blocks.append(len(live))
+    return pd.DataFrame({"time_s": grid, "time_min": grid / 60.0,
+                         "ws_bytes": np.array(ws_bytes, dtype=np.int64),
+                         "ws_gb": np.array(ws_bytes) / 1e9,
+                         "live_blocks": np.array(live_blocks, dtype=np.int64),
+                         "ttl_s": float(ttl_s)})
+
+
+RULES = list(blocks.PARTIAL_BLOCK_RULES)
+
+
+def test_default_rule_is_what_a_kv_store_holds() -> None:
+    assert blocks.DEFAULT_PARTIAL_BLOCKS == "full_only"
+    assert blocks.partial_blocks_label() == "full blocks only"
+    assert set(RULES) == {"full_only", "whole", "actual"}
+
+
+def test_block_token_counts_by_hand() -> None:
+    # Three requests of 10-token blocks: 20 tokens (2 full), 15 (1 full + 5), 7 (a partial only).
+    lengths, n_blocks = np.array([20, 15, 7]), np.array([2, 2, 1])
+    expected = {"full_only": [10, 10, 10, 0, 0], "whole": [10, 10, 10, 10, 10],
+                "actual": [10, 10, 10, 5, 7]}
+    for rule, tokens in expected.items():
+        assert blocks.block_token_counts(lengths, n_blocks, 10, rule).tolist() == tokens
+    with pytest.raises(ValueError, match="request 7: input_length 25 does not fit 2 blocks"):
+        blocks.block_token_counts(np.array([25]), np.array([2]), 10, "whole",
+                                  request_ids=np.array([7]))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_mooncake_working_set_fast_equals_definition(mooncake: pd.DataFrame, rule: str) -> None:
+    grid_s = 60.0 if rule == blocks.DEFAULT_PARTIAL_BLOCKS else 300.0
+    fast = blocks.working_set(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=grid_s,
+                              partial_blocks=rule)
+    slow = working_set_by_definition(mooncake, 512, QWEN3_14B_KV, 600.0, grid_s, rule)
     pd.testing.assert_frame_equal(fast, slow)
     summary = blocks.working_set_summary(fast)
-    # ~2.9 TB at 10 min, ~3.1 TB peak: far past B2's HBM + DRAM (465 GB for KV).
+    # Terabytes at 10 min and at the peak: far past B2's HBM + DRAM (465 GB for KV).
     assert 2000 < summary["ws_start_gb"] <= summary["ws_peak_gb"] < 5000
-    assert len(fast) == 60 and fast.time_s.iloc[-1] >= mooncake.arrival_s.max()
+    assert fast.time_s.iloc[-1] >= mooncake.arrival_s.max()
 
 
-def test_mooncake_full_blocks_reference_agrees_and_is_larger(mooncake: pd.DataFrame) -> None:
-    full = blocks.working_set(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=300.0,
-                              partial_blocks="full")
-    slow = blocks.working_set_reference(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0,
-                                        grid_s=300.0, partial_blocks="full")
-    actual = blocks.working_set(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=300.0)
-    pd.testing.assert_frame_equal(full, slow)
-    assert (full.ws_bytes >= actual.ws_bytes).all() and (full.ws_bytes > actual.ws_bytes).any()
+def test_mooncake_rules_order_full_only_below_actual_below_whole(mooncake: pd.DataFrame) -> None:
+    table = blocks.working_set_by_rule(mooncake, 512, QWEN3_14B_KV, ttl_s=600.0, grid_s=60.0)
+    peak = table.set_index("partial_blocks").ws_peak_gb
+    assert table.partial_blocks.iloc[0] == blocks.DEFAULT_PARTIAL_BLOCKS
+    assert table.peak_vs_default_pct.iloc[0] == 0
+    assert peak["full_only"] < peak["actual"] < peak["whole"]
+    # Dropping partial blocks takes off at most one block per live request: a few per cent.
+    assert 0 < 1 - peak["full_only"] / peak["whole"] < 0.1
 
 
 def test_small_working_set_by_hand(small: pd.DataFrame) -> None:
-    ws = blocks.working_set(small, 10, 1, ttl_s=600.0, grid_s=100.0)
-    assert ws.time_s.tolist() == [0, 100, 200, 300, 400, 500, 600, 700]
-    # Live iff u <= t < u + TTL: r0 leaves at exactly 600 s, r1 at exactly 700 s.
-    assert ws.ws_bytes.tolist() == [20, 25, 25, 25, 25, 25, 15, 30]
-    assert ws.live_blocks.tolist() == [2, 3, 3, 3, 3, 3, 2, 3]
-    full = blocks.working_set(small, 10, 1, ttl_s=600.0, grid_s=100.0, partial_blocks="full")
-    assert full.ws_bytes.tolist() == [20, 30, 30, 30, 30, 30, 20, 30]
-    summary = blocks.working_set_summary(ws)
-    assert summary == {"ws_start_gb": 15e-9, "start_time_min": 10.0, "ws_peak_gb": 30e-9,
+    # Live iff u <= t < u + TTL: r0 leaves at exactly 600 s, r1 at exactly 700 s. r1's block 3
+    # holds 5 of 10 tokens: dropped, counted whole, or counted at its 5 tokens.
+    expected = {"full_only": ([20, 20, 20, 20, 20, 20, 10, 30], [2, 2, 2, 2, 2, 2, 1, 3]),
+                "whole": ([20, 30, 30, 30, 30, 30, 20, 30], [2, 3, 3, 3, 3, 3, 2, 3]),
+                "actual": ([20, 25, 25, 25, 25, 25, 15, 30], [2, 3, 3, 3, 3, 3, 2, 3])}
+    for rule, (ws_bytes, live) in expected.items():
+        ws = blocks.working_set(small, 10, 1, ttl_s=600.0, grid_s=100.0, partial_blocks=rule)
+        assert ws.time_s.tolist() == [0, 100, 200, 300, 400, 500, 600, 700]
+        assert ws.ws_bytes.tolist() == ws_bytes and ws.live_blocks.tolist() == live, rule
+        pd.testing.assert_frame_equal(
+            ws, working_set_by_definition(small, 10, 1, 600.0, 100.0, rule))
+    summary = blocks.working_set_summary(blocks.working_set(small, 10, 1, ttl_s=600.0,
+                                                            grid_s=100.0))
+    assert summary == {"ws_start_gb": 10e-9, "start_time_min": 10.0, "ws_peak_gb": 30e-9,
                        "peak_time_min": 700 / 60}
+    by_rule = blocks.working_set_by_rule(small, 10, 1, ttl_s=600.0, grid_s=100.0)
+    assert dict(zip(by_rule.partial_blocks, by_rule.ws_start_gb * 1e9, strict=True)) \
+        == pytest.approx({"full_only": 10, "whole": 20, "actual": 15})
+
+
+def test_partial_only_request_keeps_the_time_grid() -> None:
+    # r1 is a single 7-token partial block: under full_only it holds no KV but still spans time.
+    df = trace([(0.0, 20, (1, 2)), (250.0, 7, (9,))])
+    full_only = blocks.working_set(df, 10, 1, ttl_s=600.0, grid_s=100.0)
+    actual = blocks.working_set(df, 10, 1, ttl_s=600.0, grid_s=100.0, partial_blocks="actual")
+    assert full_only.time_s.tolist() == actual.time_s.tolist() == [0, 100, 200, 300]
+    assert full_only.ws_bytes.tolist() == [20, 20, 20, 20]
+    assert actual.ws_bytes.tolist() == [20, 20, 20, 27]
 
 
 @pytest.mark.parametrize("seed", range(8))
-@pytest.mark.parametrize("partial", ["actual", "full"])
-def test_random_working_set_fast_equals_reference(seed: int, partial: str) -> None:
+@pytest.mark.parametrize("rule", RULES)
+def test_random_working_set_fast_equals_definition(seed: int, rule: str) -> None:
     df = random_trace(seed)
     ttl = float(np.random.default_rng(seed).choice([25.0, 60.0, 137.5, 300.0]))
-    kwargs = dict(ttl_s=ttl, grid_s=12.5, partial_blocks=partial)
-    pd.testing.assert_frame_equal(blocks.working_set(df, 10, 3, **kwargs),
-                                  blocks.working_set_reference(df, 10, 3, **kwargs))
+    fast = blocks.working_set(df, 10, 3, ttl_s=ttl, grid_s=12.5, partial_blocks=rule)
+    pd.testing.assert_frame_equal(fast, working_set_by_definition(df, 10, 3, ttl, 12.5, rule))
 
 
-def test_block_uses_rejects_inconsistent_lengths() -> None:
-    with pytest.raises(ValueError, match="does not fit 2 blocks of 10"):
+def test_block_uses_rejects_inconsistent_input() -> None:
+    with pytest.raises(ValueError, match="request 0: input_length 25 does not fit 2 blocks"):
         blocks.block_uses(trace([(0.0, 25, (1, 2))]), 10, 1)
     with pytest.raises(ValueError, match="partial_blocks"):
         blocks.block_uses(trace([(0.0, 5, (1,))]), 10, 1, partial_blocks="half")  # type: ignore
+    uses = blocks.block_uses(trace([(0.0, 5, (1,))]), 10, 1, partial_blocks="whole")
+    assert blocks.block_uses(uses, partial_blocks="whole") is uses
+    with pytest.raises(ValueError, match="made with 'whole'"):
+        blocks.working_set(uses, partial_blocks="full_only")
 
 
 def test_tier_split_fills_hbm_then_dram_then_ssd() -> None:
@@ -129,10 +225,10 @@ def test_tiered_working_set_is_tidy(small: pd.DataFrame) -> None:
 
 
 def test_write_volume_first_writes_and_rewrites(small: pd.DataFrame) -> None:
-    never = blocks.write_volume(small, 10, 1, ttl_s=None, bin_s=600.0)
+    never = blocks.write_volume(small, 10, 1, ttl_s=None, bin_s=600.0, partial_blocks="actual")
     assert never.write_bytes.tolist() == [25, 10]  # blocks 1, 2, 3 (5 tokens); then 4
     assert never.rewrite_bytes.sum() == 0
-    ttl = blocks.write_volume(small, 10, 1, ttl_s=600.0, bin_s=600.0)
+    ttl = blocks.write_volume(small, 10, 1, ttl_s=600.0, bin_s=600.0, partial_blocks="actual")
     # At 700 s block 1 (last used 100 s) and block 2 (0 s) are a TTL or more old: rewritten.
     assert ttl.write_bytes.tolist() == [25, 30]
     assert ttl.rewrite_bytes.tolist() == [0, 20]
@@ -143,6 +239,15 @@ def test_write_volume_first_writes_and_rewrites(small: pd.DataFrame) -> None:
     day = blocks.daily_write_volume(ttl)
     assert day.write_bytes.tolist() == [55]
     assert day.write_bytes_per_day.iloc[0] == pytest.approx(55 / 700 * 86_400)
+
+
+def test_write_volume_of_a_full_block_store(small: pd.DataFrame) -> None:
+    # The default store never writes r1's partial block 3; the time span stays the trace's.
+    ttl = blocks.write_volume(small, 10, 1, ttl_s=600.0, bin_s=600.0)
+    assert ttl.write_bytes.tolist() == [20, 30] and ttl.rewrite_bytes.tolist() == [0, 20]
+    assert ttl.used_bytes.tolist() == [30, 30] and ttl.covered_s.tolist() == [600, 100]
+    whole = blocks.write_volume(small, 10, 1, ttl_s=600.0, bin_s=600.0, partial_blocks="whole")
+    assert whole.write_bytes.tolist() == [30, 30]
 
 
 def test_write_volume_equals_misses_of_the_same_ttl(mooncake: pd.DataFrame) -> None:
@@ -169,19 +274,33 @@ def test_endurance_from_writes_links_to_endurance_module() -> None:
 
 
 def test_hit_ratio_by_ttl_by_hand(small: pd.DataFrame) -> None:
-    ratios = blocks.hit_ratio_by_ttl(small, [600.0, 700.0, 701.0], 10, 1)
+    ratios = blocks.hit_ratio_by_ttl(small, [600.0, 700.0, 701.0], 10, 1, partial_blocks="actual")
     # 7 uses; 600 s: only r1's block 1 hits; 700 s: r2's block 1 too (700 < 100 + 700);
     # 701 s: r2's block 2 too (700 < 0 + 701).
     assert (ratios.hit_ratio * 7).round().tolist() == [1, 2, 3]
     assert (ratios.byte_hit_ratio * 65).round().tolist() == [10, 20, 30]
+    # A full-block store never sees r1's partial block: 6 uses of 60 bytes.
+    stored = blocks.hit_ratio_by_ttl(small, [600.0, 700.0, 701.0], 10, 1)
+    assert (stored.hit_ratio * 6).round().tolist() == [1, 2, 3]
+    assert (stored.byte_hit_ratio * 60).round().tolist() == [10, 20, 30]
+
+
+def test_reuse_summary_by_hand(small: pd.DataFrame) -> None:
+    # Reuses: r1 block 1 after 100 s, r2 block 1 after 600 s, r2 block 2 after 700 s.
+    summary = blocks.reuse_summary(small, 600.0, 10, 1, partial_blocks="whole")
+    assert summary["uses"] == 7 and summary["ideal_hit_ratio"] == pytest.approx(3 / 7)
+    assert summary["reuse_share_within"] == pytest.approx(2 / 3)
+    assert blocks.reuse_summary(small, 599.0, 10, 1)["reuse_share_within"] == pytest.approx(1 / 3)
+    assert blocks.reuse_summary(small, 600.0, 10, 1)["ideal_hit_ratio"] == pytest.approx(3 / 6)
 
 
 def test_stack_distances_by_hand(small: pd.DataFrame) -> None:
-    distance = blocks.stack_distances(small, 10, 1)
+    distance = blocks.stack_distances(small, 10, 1, partial_blocks="actual")
     # r1 block 1: r0's blocks 1 and 2 share a recency (20 B); r2 block 1: r1's blocks 1, 3
     # (15 B); r2 block 2: everything since r0 (10 B of block 2 left there + 15 B of r1).
     assert distance.tolist() == [np.inf, np.inf, 20, np.inf, 15, 25, np.inf]
-    ratios = blocks.hit_ratio_by_capacity(small, [14, 15, 20, 25, 1e9], 10, 1)
+    ratios = blocks.hit_ratio_by_capacity(small, [14, 15, 20, 25, 1e9], 10, 1,
+                                          partial_blocks="actual")
     assert (ratios.hit_ratio * 7).round().tolist() == [0, 1, 2, 3, 3]
 
 
@@ -217,7 +336,7 @@ def test_lru_hit_ratio_grows_to_the_unbounded_ttl_ratio(mooncake: pd.DataFrame) 
 def test_reuse_times_by_hand(small: pd.DataFrame) -> None:
     times = blocks.reuse_times(small, 10, 1)
     assert times.reuse_s.tolist() == [100, 600, 700] and times.bytes.tolist() == [10, 10, 10]
-    dist = blocks.reuse_time_distribution(small, (0.5, 1.0), 10, 1)
+    dist = blocks.reuse_time_distribution(small, (0.5, 1.0), 10, 1, partial_blocks="actual")
     assert dist.reuse_s.tolist() == [600, 700]
     assert dist.byte_weighted_reuse_s.tolist() == [600, 700]
 
@@ -260,6 +379,30 @@ def test_synthetic_bailian_working_set_is_hundreds_of_gb() -> None:
     assert 100 < summary["ws_start_gb"] <= summary["ws_peak_gb"] < 1000
 
 
+def test_stand_in_statistics_by_hand() -> None:
+    # 16-token blocks; reuses: blocks 1 and 2 after 300 s, block 3 after 700 s (past 10 min).
+    raw = pd.DataFrame({"timestamp": [0.0, 300.0, 1000.0], "input_length": [32, 48, 16],
+                        "hash_ids": pd.Series([(1, 2), (1, 2, 3), (3,)], dtype=object)})
+    table = bailian.stand_in_statistics(raw, name="tiny").set_index("statistic")
+    assert table.tiny.to_dict() == pytest.approx({
+        "requests": 3, "duration_h": 1000 / 3600, "block_tokens": 16,
+        "ideal_hit_ratio": 3 / 6, "reuse_share_within_10_min": 2 / 3})
+    assert table.published.to_dict() == {k: v.value for k, v in
+                                         bailian.TRACE_A_PUBLISHED.items()}
+    assert table.source.str.len().gt(0).all()
+
+
+def test_stand_in_matches_trace_a_published_statistics() -> None:
+    table = bailian.stand_in_statistics(bailian.synthetic_bailian_frame()).set_index("statistic")
+    ours, published = table["stand-in"], table.published
+    assert ours["requests"] == pytest.approx(published["requests"], rel=0.05)
+    assert ours["duration_h"] == pytest.approx(published["duration_h"], rel=0.01)
+    assert ours["block_tokens"] == published["block_tokens"] == 16
+    assert ours["ideal_hit_ratio"] == pytest.approx(published["ideal_hit_ratio"], abs=0.02)
+    assert ours["reuse_share_within_10_min"] == pytest.approx(
+        published["reuse_share_within_10_min"], abs=0.03)
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -268,6 +411,12 @@ def test_figures_return_figures(small: pd.DataFrame) -> None:
     fig = bplots.b2_working_set(blocks.tiered_working_set(ws, 10e9, 10e9, 5e9),
                                 {"HBM": 10, "HBM+DRAM": 20}, warmup_min=10)
     assert isinstance(fig, plt.Figure) and fig.axes[0].get_title().startswith("B2")
+    labelled = bplots.b2_working_set(blocks.tiered_working_set(ws, 10e9, 10e9, 5e9),
+                                     definition=blocks.partial_blocks_label(),
+                                     trace_label="stand-in trace")
+    assert labelled.axes[0].get_title().endswith("\nworking set: full blocks only")
+    legend = [t.get_text() for t in labelled.axes[0].get_legend().get_texts()]
+    assert "total, stand-in trace" in legend
     volume = blocks.write_volume(small, 10, 1e9, ttl_s=600.0, bin_s=600.0).assign(trace="t")
     assert isinstance(bplots.kv_write_volume(volume, reference_tb_per_day=57.5), plt.Figure)
     by_ttl = blocks.hit_ratio_by_ttl(small, [60, 600], 10, 1).assign(trace="t")

@@ -331,6 +331,74 @@ def test_gzip_inputs_read_like_plain_ones(tmp_path: Path, otlp_logs: Path,
                                       read_claude_code(plain).frame)
 
 
+# ----------------------------------------------------------------------------- bad bytes
+
+
+def test_otlp_line_that_is_not_utf8_is_a_skipped_line(tmp_path: Path) -> None:
+    """A byte that is not UTF-8 made the reader raise AttributeError ('UnicodeDecodeError'
+    has no 'msg'); inside an attribute value, which the fast path reads by regex, it was
+    not even seen. Either way the line is one malformed line: skipped (lax) or an error
+    naming file and line (strict)."""
+    lines = [logs_line([api_request("s1", k, (k, 2, 3, 4))]).encode() for k in range(4)]
+    lines[1] = lines[1].replace(b'"s1"', b'"s\xff1"')       # inside an attribute value
+    lines[2] = lines[2].replace(b'"scopeLogs"', b'"scope\xfeLogs"')  # outside the lists
+    lines[3] = b"\x00" + lines[3]  # ASCII, but json.loads(bytes) took it for UTF-16
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    result = read_claude_code(path)
+    assert result.frame.input_tokens.tolist() == [0]
+    assert result.skipped.line.tolist() == [2, 3, 4]
+    column, column_2 = lines[1].index(b"\xff") + 1, lines[2].index(b"\xfe") + 1
+    assert result.skipped.reason.tolist()[:2] == [
+        f"not UTF-8 text (byte 0xff at column {column}: invalid start byte)",
+        f"not UTF-8 text (byte 0xfe at column {column_2}: invalid start byte)"]
+    assert result.skipped.reason.iloc[2].startswith("invalid JSON (Expecting value")
+    with pytest.raises(TelemetryFormatError,
+                       match=rf"^{path}:2: not UTF-8 text \(byte 0xff at column {column}"):
+        read_claude_code(path, strict=True)
+
+
+def test_a_bad_first_byte_does_not_make_an_otlp_export_a_csv(tmp_path: Path) -> None:
+    path = tmp_path / "first.jsonl"
+    path.write_bytes(b"\xff" + logs_line([api_request("s", 1, (1, 2, 3, 4))]).encode() + b"\n"
+                     + logs_line([api_request("s", 2, (5, 6, 7, 8))]).encode() + b"\n")
+    result = read_claude_code(path)
+    assert result.frame.input_tokens.tolist() == [5]
+    assert result.skipped.line.tolist() == [1]
+
+
+def test_loki_and_csv_lines_that_are_not_utf8_are_skipped(tmp_path: Path,
+                                                          loki_export: Path) -> None:
+    paged = tmp_path / "paged.jsonl"  # one query response per line (a paged export)
+    good = json.dumps(json.loads(loki_export.read_text())).encode()
+    paged.write_bytes(good + b"\n" + good.replace(b"claude_code", b"claude\xc0code", 1) + b"\n")
+    result = read_claude_code(paged)
+    assert len(result.frame) == len(read_claude_code(loki_export).frame)
+    [reason] = result.skipped.reason[result.skipped.line == 2]
+    assert reason.startswith("not UTF-8 text (byte 0xc0 at column")
+    csv_path = tmp_path / "r.csv"
+    csv_path.write_bytes(b"session_id,input_tokens,output_tokens\ns,1,2\ns\xff,3,4\nt,5,6\n")
+    result = read_claude_code(csv_path)
+    assert result.frame.input_tokens.tolist() == [1, 5]
+    assert result.skipped[["line", "reason"]].values.tolist() == [
+        [3, "not UTF-8 text (byte 0xff in field 'session_id')"]]
+    with pytest.raises(TelemetryFormatError, match=rf"^{csv_path}:3: not UTF-8"):
+        read_claude_code(csv_path, strict=True)
+
+
+def test_truncated_gzip_export_keeps_what_was_read(tmp_path: Path) -> None:
+    shipped = ROOT / "data" / "samples" / "claude_code_otlp_sample.jsonl.gz"
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(shipped.read_bytes()[:30_000])  # about half of it
+    result = read_claude_code(path)
+    assert 0 < len(result.frame) < len(read_claude_code(shipped).frame)
+    assert result.skipped.reason.tolist() == [
+        "unreadable after this point (Compressed file ended before the end-of-stream marker "
+        "was reached); truncated file?"]
+    with pytest.raises(TelemetryFormatError, match=rf"^{path}: unreadable after this point"):
+        read_claude_code(path, strict=True)
+
+
 # ----------------------------------------------------------------------------- token mix
 
 

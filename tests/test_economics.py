@@ -273,6 +273,79 @@ def test_prefill_anatomy_rejects_empty() -> None:
         roofline.prefill_anatomy(get_model("Qwen3-14B-BF16"), roofline.get_gpu("H100"), [])
 
 
+def test_b1_study_point_comes_from_the_reference_file() -> None:
+    import csv
+
+    from kvrepro._paths import data_file
+
+    with open(data_file("reference", "reference_numbers.csv"), newline="") as handle:
+        rows = {row["id"]: row for row in csv.DictReader(handle)}
+    assert ec.study_b1_point() == (float(rows["B1.seq_tokens"]["value"]),
+                                   float(rows["B1.prefill_ms"]["value"]))
+    assert rows["B1.prefill_ms"]["unit"] == "ms" and rows["B1.seq_tokens"]["unit"] == "tokens"
+
+
+def test_b1_quote_hand_case() -> None:
+    qwen, h100 = get_model("Qwen3-14B-BF16"), roofline.get_gpu("H100")
+    anatomy = roofline.prefill_anatomy(qwen, h100, [0, 5_000, 15_000], mfu=0.5)
+    short = roofline.prefill_anatomy(qwen, h100, [0, 5_000], mfu=0.5)
+    quote = ec.b1_quote({"qwen": anatomy, "short": short}, study_label="qwen").set_index("model")
+    # hand values of test_prefill_anatomy_hand_case at 15,000 tokens
+    assert quote.at["qwen", "seq_tokens"] == 15_000
+    assert quote.at["qwen", "latency_ms"] == pytest.approx(708.74, abs=0.01)
+    assert quote.at["qwen", "attention_share"] == pytest.approx(0.17189, abs=1e-5)
+    study_tokens, study_ms = ec.study_b1_point()
+    assert study_tokens == 15_000
+    assert quote.at["qwen", "rel_diff_pct"] == pytest.approx((708.74 - study_ms) / study_ms * 100,
+                                                           abs=0.01)
+    # 5,000 tokens: 2 x 14.8e9 x 5e3 + 2 x 204,800 x 5e3^2 FLOPs at 756.5 TFLOPS
+    assert quote.at["short", "latency_ms"] == pytest.approx(
+        (2 * 14.8e9 * 5e3 + 2 * 204_800 * 5e3**2) / 756.5e12 * 1e3)
+    assert math.isnan(quote.at["short", "study_ms"])  # only the study's configuration
+    assert ec.prefill_at(anatomy, 5_000)["latency_ms"] == quote.at["short", "latency_ms"]
+    with pytest.raises(ValueError, match="seq_tokens=7000"):
+        ec.prefill_at(anatomy, 7_000)
+    with pytest.raises(ValueError, match="study_label"):
+        ec.b1_quote({"qwen": anatomy}, study_label="other")
+
+
+def test_a9_quote_hand_case() -> None:
+    free = HAND_BILL.model_copy(update={"dram_watts_per_gb": 0.0, "drive_watts": 0.0})
+    prices = _hand_prices()
+    tiers = {"baseline": ec.TierHardware(name="baseline"),
+             "dram": ec.TierHardware(name="dram", dram_gb=500)}
+    costs = ec.cost_table(tiers, free, prices)
+    per_dollar = ec.tokens_per_dollar(_binned({"baseline": [10_000] * 6,
+                                               "dram": [20_000, 30_000, 30_000, 15_000,
+                                                        14_000, 16_000]}), costs)
+    late = ec.late_per_dollar(per_dollar)
+    # late window: the last third of 1,800 s, bins centred at 1,350 and 1,650 s
+    base_h = 41_000 / 8760 + 2.0 * 0.1                       # 2,000 W (no DRAM watts)
+    dram_h = 46_000 / 8760 + 2.0 * 0.1
+    assert late.at["dram", "total_tok_s"] == 15_000
+    assert late.at["dram", "tok_per_usd_server"] == pytest.approx(15_000 * 3600 / dram_h)
+    raid0 = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, gpu_kv_bytes=1e9,
+                         staging_gb=0, drive_tb=10, raid_level="RAID0")
+    # one 10 TB drive at $100/TB = 100 GB of DRAM at $10/GB; 100 GB / (1,000 x 1e5 B/s)
+    assert ec.break_even_ttl_s(raid0, free, prices) == pytest.approx(1000.0)
+    quote = ec.a9_quote(costs, late, {"server": 900.0, "tier": math.nan}, 1800.0, raid0, free,
+                        prices)
+    assert list(quote.columns) == list(ec.QUOTE_COLUMNS)
+    rows = quote.set_index(["quantity", "tier"]).value
+    assert rows[("server cost", "baseline")] == pytest.approx(base_h)
+    assert rows[("server cost", "dram")] == pytest.approx(dram_h)
+    assert rows[("tokens per $ late in the run (whole server)", "baseline")] == pytest.approx(
+        10_000 * 3600 / base_h / 1e6)
+    assert rows[("flash overtakes DRAM per $ (whole server) at", "")] == 15.0
+    assert math.isnan(rows[("flash overtakes DRAM per $ (cache tier alone) at", "")])
+    assert rows[("break-even retained KV (flash tier costs no more than DRAM)", "")] == \
+        pytest.approx(0.1)
+    assert rows[("break-even TTL at 1,000 tok/s x 100,000 B/token", "")] == pytest.approx(1000 / 60)
+    assert rows[("flash ahead per $ (whole server) for TTLs from", "")] == 30.0
+    with pytest.raises(ValueError, match="crossover_s"):
+        ec.a9_quote(costs, late, {"server": 1.0}, 1.0, raid0, free, prices)
+
+
 # ---------------------------------------------------------------- figures and notebook
 
 
@@ -290,7 +363,7 @@ def test_economics_notebook(tmp_path) -> None:
     params = {"duration_s": 1800.0, "max_ttl_s": 7200.0, "ttl_step_s": 300.0}
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["10_economics"], params)
     assert not result.failures, result.failures
-    assert result.headlines.empty                     # A9 and B1 have no reference ids
+    assert result.headlines.empty   # A9 has no numbers; B1's point is compared, not saved
     figures = {p.name for p in (tmp_path / "fig").iterdir()}
     for name in ("A9-tokens-per-dollar", "A9-tokens-per-dollar-vs-ttl", "B1-prefill-anatomy",
                  "B1-prefill-anatomy-minimax"):

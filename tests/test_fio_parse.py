@@ -86,6 +86,56 @@ def test_warning_lines_before_the_json_are_skipped(tmp_path) -> None:
         parse.parse_fio_json({"fio version": "fio-3.33"})
 
 
+def test_report_that_is_not_utf8_names_file_and_line(tmp_path) -> None:
+    """It raised a bare UnicodeDecodeError naming neither the file nor the line."""
+    data = (DATA / "two_jobs.json").read_bytes()
+    at = data.index(b'"jobname"')
+    path = tmp_path / "bad.json"
+    path.write_bytes(data[:at] + b"\xfe" + data[at:])
+    line = data.count(b"\n", 0, at) + 1
+    column = at - data.rfind(b"\n", 0, at)
+    with pytest.raises(ValueError, match=rf"^{path}:{line}: fio output is not UTF-8 text "
+                                         rf"\(byte 0xfe at column {column}: invalid start"):
+        parse.parse_fio_json(path)
+
+
+def test_invalid_json_names_the_line_of_the_whole_file(tmp_path) -> None:
+    text = (DATA / "two_jobs.json").read_text()
+    lines = ["fio: a warning fio wrote first"] + text.split("\n")
+    lines[6] = lines[6].replace(":", "", 1)
+    path = tmp_path / "bad.json"
+    path.write_text("\n".join(lines))
+    with pytest.raises(ValueError, match=rf"^{path}:7: fio output is not valid JSON"):
+        parse.load_fio_json(path)
+
+
+def test_report_without_a_needed_field_names_file_and_job(tmp_path) -> None:
+    report = _report("two_jobs")
+    del report["jobs"][1]["read"]["lat_ns"]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(ValueError, match=rf"^{path}: job 1 \('randread4k'\): missing or "
+                                         r"malformed field \(KeyError: 'lat_ns'\)"):
+        parse.parse_fio_json(path)
+    report["jobs"] = {"not": "a list"}
+    with pytest.raises(ValueError, match=r"^fio report: not a fio JSON report"):
+        parse.parse_fio_json(report)
+
+
+def test_lat_log_that_is_not_a_log_names_the_file(tmp_path) -> None:
+    path = tmp_path / "p_lat.1.log"
+    path.write_bytes(b"0, 500000, 0, 4096, 0, 0\n1, 12\xff0000, 1, 4096, 4096, 0\n")
+    with pytest.raises(ValueError, match=rf"^{path}:2: not a fio latency log: not UTF-8 text"):
+        parse.read_lat_log(path)
+    path.write_bytes(b"0, 500000, 0, 4096, 0, 0\n1, 12x0000, 1, 4096, 4096, 0\n")
+    with pytest.raises(ValueError, match=rf"^{path}: not a fio latency log: row 2 is not all "
+                                         "numbers"):
+        parse.read_lat_log(path)
+    path.write_bytes(b"0, 500000, 0, 4096, 0, 0, 7, 8\n")
+    with pytest.raises(ValueError, match=r"expected 4 to 6 columns, got 8"):
+        parse.read_lat_log(path)
+
+
 def _write_log(path: Path, rows: list[tuple[int, int, int, int, int, int]]) -> None:
     path.write_text("".join(", ".join(map(str, r)) + "\n" for r in rows))
 

@@ -358,6 +358,38 @@ def test_drain_timeout_cancels_and_records_requests_in_flight(tmp_path: Path) ->
     assert stats.requests_cancelled == 1 and stats.stopped_by == "duration"
 
 
+def test_client_set_up_reads_the_turns_table_once_not_once_per_session(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planning a run and building every first prompt (what the client does before its first
+    send when all sessions are due) must not cost a pass over the turns table per session: a
+    scan per prompt made 5,000 one-turn sessions cost 7.5 s of CPU, slicing the table per
+    prompt and one `itertuples` per session 1.5 ms a session (benchmarks/bench_client.py)."""
+    n_sessions = 200
+    rows = [(s, 0, 0.0, 0.0, 50, 4) for s in range(n_sessions)]
+    workload = table_workload(rows, dict.fromkeys(range(n_sessions), 0.0))
+    passes: Counter[str] = Counter()
+    real_itertuples = pd.DataFrame.itertuples
+
+    def counted(self: pd.DataFrame, *args: Any, **kwargs: Any) -> Any:
+        passes["itertuples"] += 1
+        return real_itertuples(self, *args, **kwargs)
+
+    def no_slicing(self: pd.DataFrame, *args: Any) -> Any:
+        raise AssertionError("prompt_ids sliced the turns table")
+
+    monkeypatch.setattr(pd.DataFrame, "itertuples", counted)
+    plans = session_plans(workload)
+    first = workload.prompt_ids(plans[0].session_id, 0)  # builds the session index
+    assert passes["itertuples"] == 2  # one for the plans, one for the index
+    for name in ("__getitem__", "iloc", "loc", "groupby", "sort_values"):
+        monkeypatch.setattr(pd.DataFrame, name,
+                            no_slicing if name[0] == "_" else property(no_slicing))
+    prompts = [workload.prompt_ids(plan.session_id, 0) for plan in plans]
+    assert passes["itertuples"] == 2 and len(prompts) == n_sessions
+    assert prompts[0].tolist() == first.tolist() and all(len(p) == 50 for p in prompts)
+    assert len({tuple(p[:8]) for p in prompts}) == n_sessions  # each session its own ids
+
+
 def test_completions_url_accepts_roots_with_or_without_v1() -> None:
     assert completions_url("http://h:8000/") == "http://h:8000/v1/completions"
     assert completions_url("http://h:8000/v1") == "http://h:8000/v1/completions"

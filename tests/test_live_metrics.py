@@ -398,6 +398,27 @@ def test_counter_rates_counts_a_late_labelled_series_from_zero() -> None:
     assert rates[key].tolist() == [4e6, 2e6]
 
 
+def test_counter_rates_a_counter_missing_from_one_good_scrape_is_not_a_reset() -> None:
+    key = "vllm_kv_offload_total_bytes_total__transfer_type_CPU_to_GPU"
+    frame = pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 3.0], key: [0.0, 10.0, math.nan, 30.0]})
+    rates = counter_rates(frame)
+    assert rates[key].tolist() == [10.0, 0.0, 20.0]  # the old fill to 0 gave 10, 0, 30
+    assert rates[key].sum() == 30.0  # every interval together: the counter's last value
+    restart = pd.DataFrame({"time_s": [0.0, 1.0], key: [10.0, 3.0]})
+    assert counter_rates(restart)[key].tolist() == [3.0]  # a real drop is still a reset
+
+
+def test_counter_rates_carries_a_missing_counter_forward_within_its_own_group() -> None:
+    key = "prefix_cache_queries_tokens"
+    frame = pd.DataFrame({  # rows out of time order, two tiers interleaved
+        "time_s": [2.0, 0.0, 0.0, 1.0, 1.0, 2.0, 3.0, 3.0],
+        "tier": ["a", "a", "b", "a", "b", "b", "a", "b"],
+        key: [math.nan, 5.0, 100.0, 7.0, math.nan, 130.0, 12.0, 131.0]})
+    rates = counter_rates(frame, [key], by="tier")
+    by_tier = {tier: group[key].tolist() for tier, group in rates.groupby("tier")}
+    assert by_tier == {"a": [2.0, 0.0, 5.0], "b": [0.0, 30.0, 1.0]}
+
+
 def test_counter_rates_names_a_missing_column() -> None:
     with pytest.raises(ValueError,
                        match=r"counter_rates: data lacks column\(s\) \['preemptions'\]"):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+from kvrepro.engines.live import processes
 from kvrepro.engines.live.processes import (
     SHM_DIR,
     DiskFolder,
@@ -19,6 +22,10 @@ from kvrepro.engines.live.processes import (
     group_pids,
     port_in_use,
 )
+from kvrepro.engines.live.server import VllmServer
+from kvrepro.engines.live.tiers import TierConfig
+
+SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
 
 
 def test_disk_folder_refuses_foreign_files_and_removes_only_its_own(tmp_path: Path) -> None:
@@ -110,3 +117,74 @@ def test_managed_process_stop_takes_down_the_whole_group(tmp_path: Path) -> None
 def test_free_port_is_free() -> None:
     port = free_port()
     assert 0 < port < 65536 and not port_in_use("127.0.0.1", port)
+
+
+def _reap(pid: int) -> None:
+    """Kill and reap a test's own child (its group) so no zombie or sleeper outlives it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def test_stop_of_a_process_that_outlives_sigkill_returns_and_closes_its_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[tuple[int, int]] = []  # signals are recorded, not sent: the process lives on
+    monkeypatch.setattr(processes, "_signal_group", lambda pgid, sig: sent.append((pgid, sig)))
+    proc = ManagedProcess("stuck", SLEEPER, tmp_path / "stuck.log", dict(os.environ),
+                          "http://127.0.0.1:9/health")
+    proc.start()
+    pid, log = proc.process.pid, proc._log
+    try:
+        assert proc.stop(grace_s=0.2) is None  # both real waits time out: no exit code
+        assert sent == [(pid, signal.SIGTERM), (pid, signal.SIGKILL), (pid, signal.SIGKILL)]
+        assert log.closed and proc._log is None and proc.process is None
+        assert processes.pid_alive(pid)  # it really did outlive both waits
+    finally:
+        _reap(pid)
+
+
+def _never_exits(*args: object, **kwargs: object) -> int:
+    raise subprocess.TimeoutExpired("vllm", 20.0)
+
+
+def test_server_exit_passes_on_the_runs_error_when_vllm_will_not_exit(
+        tmp_path: Path) -> None:
+    tier = TierConfig(name="stuck", kind="baseline", model="/no/model", port=free_port(),
+                      disk_dir=str(tmp_path / "l2"))
+    sleeper = tmp_path / "python"  # stands in for vLLM's interpreter: ignores its arguments
+    sleeper.write_text("#!/bin/sh\necho starting; exec sleep 120\n")
+    sleeper.chmod(0o755)
+    server = VllmServer(tier, tmp_path / "run", python=str(sleeper))
+    with pytest.raises(RuntimeError, match="the run's own error"):
+        with server:
+            pid, log = server.process.pid, server.vllm._log
+            server.process.wait = _never_exits  # every wait times out, SIGKILL included
+            (tmp_path / "l2" / "chunk.data").write_text("kv")
+            raise RuntimeError("the run's own error")
+    _reap(pid)
+    assert log.closed and server.process is None
+    assert server.cleaned["disk_files"] == 1 and not (tmp_path / "l2").exists()
+
+
+def test_server_exit_keeps_a_failed_clean_up_step_instead_of_raising_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: SharedMemory, pids: set[int]) -> list[str]:
+        raise PermissionError("[Errno 13] Permission denied: '/dev/shm/psm_x'")
+
+    monkeypatch.setattr(SharedMemory, "cleanup", refuse)
+    tier = TierConfig(name="t", kind="baseline", model="/no/model", port=free_port(),
+                      disk_dir=str(tmp_path / "l2"))
+    server = VllmServer(tier, tmp_path / "run", python="/bin/true")
+    with pytest.raises(RuntimeError, match="the run's own error"):
+        with server:
+            (tmp_path / "l2" / "chunk.data").write_text("kv")
+            raise RuntimeError("the run's own error")
+    assert server.cleaned["errors"] == [
+        "shm_segments: [Errno 13] Permission denied: '/dev/shm/psm_x'"]
+    assert server.cleaned["disk_files"] == 1  # the step after the failed one still ran
+    assert not (tmp_path / "l2").exists()

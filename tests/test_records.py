@@ -96,6 +96,54 @@ def test_malformed_middle_line_names_file_and_line(tmp_path) -> None:
     assert [r["session_id"] for r in rows] == [0, 2] and "records.jsonl:2" in problems[0]
 
 
+def test_line_that_is_not_utf8_is_one_malformed_line(tmp_path) -> None:
+    """read_run raised a bare UnicodeDecodeError, with strict=False too (which promises to
+    keep the valid part)."""
+    path = tmp_path / "records.jsonl"
+    lines = [json.dumps(_record(i)).encode() for i in range(3)]
+    lines[1] = lines[1].replace(b'"dram"', b'"dr\xc3m"')  # a lead byte without its tail
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    column = lines[1].index(b"\xc3") + 1
+    with pytest.raises(ValueError, match=rf"^{path}:2: malformed line \(not UTF-8 text \(byte "
+                                         rf"0xc3 at column {column}: invalid continuation"):
+        read_run(tmp_path)
+    run = read_run(tmp_path, strict=False)
+    assert run.records.session_id.tolist() == [0, 2]
+    assert len(run.problems) == 1 and run.problems[0].startswith(f"{path}:2: malformed line")
+    path.write_bytes(b"\n".join(lines[:1] + [lines[1][:column]]))  # cut inside a character
+    with pytest.warns(UserWarning, match=r"records.jsonl:2: malformed line.*truncated"):
+        assert len(read_run(tmp_path).records) == 1
+
+
+def test_wrongly_typed_field_names_the_line(tmp_path) -> None:
+    """A value no dtype cast can take (a corrupted number, a list) was a pandas error
+    naming no file; it is the line's error, and strict=False skips the line."""
+    path = tmp_path / "records.jsonl"
+    lines = [_record(0), {**_record(1), "turn": "x"}, {**_record(2), "send_s": [1]},
+             {**_record(3), "prompt_tokens": 1e300}, {**_record(4), "is_resume": "no"},
+             _record(5)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(ValueError, match=rf"^{path}:2: field 'turn' must be an integer"):
+        read_run(tmp_path)
+    run = read_run(tmp_path, strict=False)
+    assert run.records.session_id.tolist() == [0, 5]
+    assert [p.split(": ", 1)[1] for p in run.problems] == [
+        "field 'turn' must be an integer, got x", "field 'send_s' must be a number or null, "
+        "got [1]", "field 'prompt_tokens' must be an integer, got 1e+300",
+        "field 'is_resume' must be true or false, got no"]
+
+
+def test_unreadable_meta_names_the_file(tmp_path) -> None:
+    with RunWriter(tmp_path, {"tier": "dram"}) as w:
+        w.write_record(_record(0))
+    meta = tmp_path / "meta.json"
+    meta.write_bytes(meta.read_bytes().replace(b"dram", b"dr\xffm"))
+    with pytest.raises(ValueError, match=rf"^{meta}:\d+: unreadable run metadata \(not UTF-8"):
+        read_run(tmp_path)
+    run = read_run(tmp_path, strict=False)
+    assert run.meta == {} and len(run.records) == 1 and "meta.json" in run.problems[0]
+
+
 def test_read_runs_concatenates_tiers(tmp_path) -> None:
     for tier in ("baseline", "dram"):
         with RunWriter(tmp_path / tier, {"tier": tier}) as w:

@@ -143,6 +143,26 @@ def test_truncated_line_names_file_and_line(tmp_path: Path) -> None:
     assert read.frame.arrival_s.tolist() == [0.0, 1.0, 3.0, 4.0]
 
 
+def test_line_that_is_not_utf8_is_one_bad_line(tmp_path: Path) -> None:
+    """A text-mode file decodes in 8 KiB chunks: one bad byte used to end the whole file
+    (with strict=False every line was lost, the error named line 1). Plain and gzip."""
+    plain = _write(tmp_path / "trace.jsonl", RECORDS)
+    data = plain.read_bytes().split(b"\n")
+    data[2] = data[2].replace(b'"output_length"', b'"output\xff_length"')
+    column = data[2].index(b"\xff") + 1
+    plain.write_bytes(b"\n".join(data))
+    packed = tmp_path / "trace.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    for path in (plain, packed):
+        with pytest.raises(ValueError, match=rf"^{path}:3: not UTF-8 text \(byte 0xff at "
+                                             rf"column {column}: invalid start byte\)"):
+            read_mooncake_trace(path)
+        read = read_mooncake_trace(path, strict=False)
+        assert read.skipped.line.tolist() == [3]
+        assert read.skipped.reason[0].startswith(f"not UTF-8 text (byte 0xff at column {column}")
+        assert read.frame.line.tolist() == [1, 2, 4, 5]
+
+
 def test_missing_field_and_bad_values_are_named(tmp_path: Path) -> None:
     records = [dict(r) for r in RECORDS]
     del records[1]["hash_ids"]

@@ -12,13 +12,17 @@ Conventions (the same in every function here, so their results agree with each o
 * A block is *used* by every request whose `hash_ids` contain it, at the request's arrival.
   Requests are taken in arrival order (stable for equal times); a hash id repeated inside one
   request counts once, at its first position.
-* Bytes of a block = its tokens x KV bytes per token. A request's last block is partial: with
-  `partial_blocks="actual"` (the default) it counts with its real token count
-  input_length - (n_blocks - 1) x block_tokens, because that is the KV the prompt really
-  produces and, with 512-token Mooncake blocks, counting it full would add ~256 tokens (42 MB
-  for Qwen3-14B) to every request. `"full"` counts every block as `block_tokens`. A hash id
-  seen with different token counts keeps the largest (in real traces a partial block's id
-  never recurs as a full block, so this does not happen there).
+* Bytes of a block = its tokens x KV bytes per token. A prompt's last block is *partial* when
+  input_length is not a multiple of the block size. What it counts for is the one parameter
+  `partial_blocks` (`PARTIAL_BLOCK_RULES`, applied in `block_token_counts` and nowhere else):
+  `"full_only"` (the default, `DEFAULT_PARTIAL_BLOCKS`) drops it, as a KV store does (vLLM's
+  prefix cache keeps full blocks only; LMCache 0.5 defaults to `save_unfull_chunk=False`);
+  `"whole"` counts it as a full block; `"actual"` counts its real tokens
+  input_length - (n_blocks - 1) x block_tokens, the KV the prompt produces. On the Mooncake
+  conversation trace (512-token blocks, Qwen3-14B) the 10-minute-TTL peak is ~3,014 /
+  3,200 / 3,111 GB under the three rules. A hash id seen with different token counts keeps
+  the largest (in real traces a partial block's id never recurs as a full block, so this
+  does not happen there).
 * A block used at time u is *live* for t in [u, u + TTL): the working set at t holds it iff
   some use u satisfies u <= t < u + TTL (that is, t - TTL < u <= t). A use *hits* under a TTL
   iff the block's previous use u' satisfies t < u' + TTL; otherwise it *writes* (first use,
@@ -43,7 +47,15 @@ from kvrepro._checks import non_negative, positive
 from kvrepro.calc import endurance
 from kvrepro.workload.trace_replay import ReadResult
 
-PartialBlocks = Literal["actual", "full"]
+PartialBlocks = Literal["full_only", "whole", "actual"]
+PARTIAL_BLOCK_RULES: dict[str, str] = {
+    "full_only": "full blocks only",
+    "whole": "partial last block counted whole",
+    "actual": "partial last block at its tokens",
+}
+"""What each `partial_blocks` rule counts, as figures and headlines label it."""
+DEFAULT_PARTIAL_BLOCKS: PartialBlocks = "full_only"
+"""What a KV store holds: vLLM caches full blocks only, LMCache 0.5 by default too."""
 GB = 1e9
 TB = 1e12
 SECONDS_PER_DAY = 86_400.0
@@ -69,7 +81,9 @@ class BlockUses:
 
     Arrays are per use, sorted by (arrival, request, position). `prev`/`next` index the same
     block's previous/next use (-1 / n when none), so TTL and LRU questions become array
-    arithmetic instead of dictionary walks.
+    arithmetic instead of dictionary walks. `first_arrival_s`/`last_arrival_s` span all
+    requests (also those whose blocks the rule dropped), so every rule gets the same time
+    grid; `partial_blocks` is the rule the sizes were made with.
     """
 
     time_s: np.ndarray
@@ -80,6 +94,9 @@ class BlockUses:
     next: np.ndarray
     block_bytes: np.ndarray
     n_requests: int
+    first_arrival_s: float
+    last_arrival_s: float
+    partial_blocks: PartialBlocks
 
     def __len__(self) -> int:
         return len(self.time_s)
@@ -96,31 +113,67 @@ class BlockUses:
 TraceInput = pd.DataFrame | ReadResult | BlockUses
 
 
+def partial_blocks_label(partial_blocks: PartialBlocks | None = None) -> str:
+    """The working-set definition in words, for figure titles and headline sources."""
+    return PARTIAL_BLOCK_RULES[_rule(partial_blocks)]
+
+
+def _rule(partial_blocks: PartialBlocks | None) -> PartialBlocks:
+    rule = DEFAULT_PARTIAL_BLOCKS if partial_blocks is None else partial_blocks
+    if rule not in PARTIAL_BLOCK_RULES:
+        raise ValueError(f"parameter 'partial_blocks' must be one of "
+                         f"{list(PARTIAL_BLOCK_RULES)}, got {partial_blocks!r}")
+    return rule
+
+
+def block_token_counts(input_length: np.ndarray, n_blocks: np.ndarray, block_tokens: int,
+                       partial_blocks: PartialBlocks | None = None,
+                       request_ids: np.ndarray | None = None) -> np.ndarray:
+    """Tokens each listed block counts for, per request's blocks concatenated; 0 = dropped.
+
+    The single place the partial-block rule lives (see `PARTIAL_BLOCK_RULES`): every block
+    but a request's last is full; the last holds input_length - (n_blocks - 1) x block_tokens
+    tokens and is partial when that is below `block_tokens`. `"full_only"` drops a partial
+    block (0), `"whole"` counts it as `block_tokens`, `"actual"` at its tokens. An error
+    names the first request (its entry of `request_ids`, else its index) whose input_length
+    does not fit its blocks.
+    """
+    rule = _rule(partial_blocks)
+    last_tokens = input_length - (n_blocks - 1) * block_tokens
+    bad = np.flatnonzero((n_blocks <= 0) | (last_tokens <= 0) | (last_tokens > block_tokens))
+    if len(bad):
+        name = int(bad[0] if request_ids is None else request_ids[bad[0]])
+        raise ValueError(f"request {name}: input_length "
+                         f"{int(input_length[bad[0]])} does not fit {int(n_blocks[bad[0]])} "
+                         f"blocks of {block_tokens} tokens")
+    tokens = np.full(int(n_blocks.sum()), block_tokens, dtype=np.int64)
+    last = np.cumsum(n_blocks) - 1
+    if rule == "actual":
+        tokens[last] = last_tokens
+    elif rule == "full_only":
+        tokens[last] = np.where(last_tokens == block_tokens, block_tokens, 0)
+    return tokens
+
+
 def _flatten(df: pd.DataFrame, block_tokens: int,
              partial_blocks: PartialBlocks) -> tuple[np.ndarray, ...]:
-    """Per-use arrival, request index, hash id and token count, requests in arrival order."""
+    """Per-use arrival, request index, hash id and token count (requests in arrival order),
+    without the blocks the partial-block rule drops."""
     order = np.argsort(df["arrival_s"].to_numpy(dtype="float64"), kind="stable")
     arrival = df["arrival_s"].to_numpy(dtype="float64")[order]
     hashes = df["hash_ids"].to_numpy()[order]
     lengths = np.fromiter((len(h) for h in hashes), dtype=np.int64, count=len(hashes))
     if (lengths == 0).any():
-        raise ValueError("every request needs at least one hash id (column 'hash_ids')")
+        raise ValueError(f"request {int(order[np.argmax(lengths == 0)])}: every request needs "
+                         f"at least one hash id (column 'hash_ids')")
     flat = np.fromiter(itertools.chain.from_iterable(hashes), dtype=np.int64,
                        count=int(lengths.sum()))
     request = np.repeat(np.arange(len(hashes), dtype=np.int64), lengths)
-    tokens = np.full(len(flat), block_tokens, dtype=np.int64)
-    if partial_blocks == "actual":
-        last_tokens = (df["input_length"].to_numpy(dtype="int64")[order]
-                       - (lengths - 1) * block_tokens)
-        bad = np.flatnonzero((last_tokens <= 0) | (last_tokens > block_tokens))
-        if len(bad):
-            raise ValueError(f"request {int(order[bad[0]])}: input_length does not fit "
-                             f"{lengths[bad[0]]} blocks of {block_tokens} tokens")
-        tokens[np.cumsum(lengths) - 1] = last_tokens
-    elif partial_blocks != "full":
-        raise ValueError(f"parameter 'partial_blocks' must be 'actual' or 'full', "
-                         f"got {partial_blocks!r}")
-    return np.repeat(arrival, lengths), request, flat, tokens
+    tokens = block_token_counts(df["input_length"].to_numpy(dtype="int64")[order], lengths,
+                                block_tokens, partial_blocks, request_ids=order)
+    kept = tokens > 0
+    return (np.repeat(arrival, lengths)[kept], request[kept], flat[kept], tokens[kept],
+            arrival)
 
 
 def _drop_repeats(request: np.ndarray, codes: np.ndarray) -> np.ndarray:
@@ -146,21 +199,29 @@ def _links(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def block_uses(df: TraceInput, block_tokens: int | None = None,
                kv_bytes_per_token: int | None = None,
-               partial_blocks: PartialBlocks = "actual") -> BlockUses:
+               partial_blocks: PartialBlocks | None = None) -> BlockUses:
     """Flatten a trace frame (`arrival_s`, `input_length`, `hash_ids`) into `BlockUses`.
 
     Done once per trace and reused by every statistic here (pass the result instead of the
-    frame). `block_tokens` defaults to a `ReadResult`'s block size.
+    frame). `block_tokens` defaults to a `ReadResult`'s block size; `partial_blocks` (None:
+    `DEFAULT_PARTIAL_BLOCKS`) is the partial-block rule, see `block_token_counts`. Passing
+    `BlockUses` with a different rule than they were made with is an error.
     """
     if isinstance(df, BlockUses):
+        if partial_blocks is not None and partial_blocks != df.partial_blocks:
+            raise ValueError(f"parameter 'partial_blocks' = {partial_blocks!r}, but the block "
+                             f"uses were made with {df.partial_blocks!r}")
         return df
+    rule = _rule(partial_blocks)
     if isinstance(df, ReadResult):
         block_tokens = block_tokens or df.block_size
         df = df.frame
     if block_tokens is None or kv_bytes_per_token is None:
         raise ValueError("parameters 'block_tokens' and 'kv_bytes_per_token' are needed")
     positive(block_tokens=block_tokens, kv_bytes_per_token=kv_bytes_per_token)
-    time_s, request, flat, tokens = _flatten(df, int(block_tokens), partial_blocks)
+    if len(df) == 0:
+        raise ValueError("the trace has no requests")
+    time_s, request, flat, tokens, arrival = _flatten(df, int(block_tokens), rule)
     _, codes = np.unique(flat, return_inverse=True)
     keep = _drop_repeats(request, codes)
     if not keep.all():
@@ -172,7 +233,7 @@ def block_uses(df: TraceInput, block_tokens: int | None = None,
                         else np.zeros(0, dtype=np.int64))
     block_bytes = block_tokens_max.astype(np.int64) * int(kv_bytes_per_token)
     return BlockUses(time_s, request, codes.astype(np.int64), block_bytes[codes], prev, nxt,
-                     block_bytes, len(df))
+                     block_bytes, len(df), float(arrival[0]), float(arrival[-1]), rule)
 
 
 # --------------------------------------------------------------------------- working set
@@ -199,18 +260,19 @@ def _ws_frame(grid: np.ndarray, ws_bytes: np.ndarray, live_blocks: np.ndarray,
 def working_set(df: TraceInput, block_tokens: int | None = None,
                 kv_bytes_per_token: int | None = None, ttl_s: float = 600.0,
                 grid_s: float = 60.0, *, start_s: float | None = None, end_s: float | None = None,
-                partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """KV bytes of distinct blocks live at each grid time under a TTL (figure B2).
 
     Each use u is live on [u, min(u + TTL, next use of the block)): cut at the next use, the
     intervals of one block are disjoint and their union is the block's live time, so the
     working set at t is a plain sum over uses, done as an event sweep with cumulative sums and
-    binary search. Integer bytes keep it exactly equal to `working_set_reference`.
-    Columns: time_s, time_min, ws_bytes, ws_gb, live_blocks, ttl_s.
+    binary search. Integer bytes keep it exactly equal to the by-definition loop of the tests.
+    `partial_blocks` is the partial-block rule (`block_token_counts`; None: full blocks only,
+    what a KV store holds). Columns: time_s, time_min, ws_bytes, ws_gb, live_blocks, ttl_s.
     """
     positive(ttl_s=ttl_s)
     uses = block_uses(df, block_tokens, kv_bytes_per_token, partial_blocks)
-    grid = time_grid(uses.time_s.min(), uses.time_s.max(), grid_s, start_s, end_s)
+    grid = time_grid(uses.first_arrival_s, uses.last_arrival_s, grid_s, start_s, end_s)
     has_next = uses.next < len(uses)
     end = uses.time_s + ttl_s
     end[has_next] = np.minimum(end[has_next], uses.time_s[uses.next[has_next]])
@@ -221,36 +283,6 @@ def working_set(df: TraceInput, block_tokens: int | None = None,
     bytes_ended = np.r_[0, np.cumsum(uses.use_bytes[by_end])]
     ws_bytes = bytes_started[started] - bytes_ended[ended]
     return _ws_frame(grid, ws_bytes, started - ended, ttl_s)
-
-
-def working_set_reference(df: pd.DataFrame, block_tokens: int, kv_bytes_per_token: int,
-                          ttl_s: float = 600.0, grid_s: float = 60.0, *,
-                          start_s: float | None = None, end_s: float | None = None,
-                          partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
-    """The working set by the definition, looping over requests: slow, for tests only.
-
-    At each grid time t, the distinct blocks of requests with u <= t < u + TTL, with each
-    block's bytes from a first plain pass (largest token count seen).
-    """
-    rows = sorted(zip(df["arrival_s"], df["input_length"], df["hash_ids"], strict=True),
-                  key=lambda row: row[0])
-    sizes: dict[int, int] = {}
-    for _, input_length, hashes in rows:
-        for k, h in enumerate(hashes):
-            tokens = block_tokens
-            if partial_blocks == "actual" and k == len(hashes) - 1:
-                tokens = input_length - (len(hashes) - 1) * block_tokens
-            sizes[h] = max(sizes.get(h, 0), tokens * kv_bytes_per_token)
-    grid = time_grid(rows[0][0], rows[-1][0], grid_s, start_s, end_s)
-    ws_bytes, live_blocks = [], []
-    for t in grid:
-        live: set[int] = set()
-        for arrival, _, hashes in rows:
-            if arrival <= t < arrival + ttl_s:
-                live.update(hashes)
-        ws_bytes.append(sum(sizes[h] for h in live))
-        live_blocks.append(len(live))
-    return _ws_frame(grid, np.array(ws_bytes, dtype=np.int64), np.array(live_blocks), ttl_s)
 
 
 def tier_split(ws_bytes: Sequence[float] | np.ndarray | float,
@@ -300,6 +332,32 @@ def working_set_summary(ws: pd.DataFrame, ttl_s: float | None = None) -> dict[st
             "ws_peak_gb": float(peak["ws_gb"]), "peak_time_min": float(peak["time_min"])}
 
 
+def working_set_by_rule(df: TraceInput, block_tokens: int | None = None,
+                        kv_bytes_per_token: int | None = None, ttl_s: float = 600.0,
+                        grid_s: float = 60.0) -> pd.DataFrame:
+    """B2's two numbers under each partial-block rule, so the definition's weight is visible.
+
+    One row per rule of `PARTIAL_BLOCK_RULES` (the default first): partial_blocks, definition,
+    ws_start_gb, ws_peak_gb, peak_time_min, peak_vs_default_pct.
+    """
+    if isinstance(df, BlockUses):
+        raise ValueError("working_set_by_rule needs the trace itself (a frame or ReadResult), "
+                         "not BlockUses made with one rule")
+    rules = [DEFAULT_PARTIAL_BLOCKS, *(r for r in PARTIAL_BLOCK_RULES
+                                       if r != DEFAULT_PARTIAL_BLOCKS)]
+    rows = []
+    for rule in rules:
+        ws = working_set(df, block_tokens, kv_bytes_per_token, ttl_s, grid_s,
+                         partial_blocks=rule)
+        summary = working_set_summary(ws)
+        rows.append({"partial_blocks": rule, "definition": PARTIAL_BLOCK_RULES[rule],
+                     "ws_start_gb": summary["ws_start_gb"], "ws_peak_gb": summary["ws_peak_gb"],
+                     "peak_time_min": summary["peak_time_min"]})
+    out = pd.DataFrame(rows)
+    out["peak_vs_default_pct"] = (out["ws_peak_gb"] / out["ws_peak_gb"].iloc[0] - 1) * 100
+    return out
+
+
 # --------------------------------------------------------------------------- write volume
 
 
@@ -315,7 +373,7 @@ def _is_write(uses: BlockUses, ttl_s: float | None) -> np.ndarray:
 def write_volume(df: TraceInput, block_tokens: int | None = None,
                  kv_bytes_per_token: int | None = None, ttl_s: float | None = None,
                  bin_s: float = 3600.0, *, start_s: float | None = None,
-                 partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                 partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """KV bytes a write-through offload tier must absorb, per time bin (figure B8's input).
 
     A block is written when first seen and, with a TTL, again when it was evicted (its previous
@@ -326,7 +384,7 @@ def write_volume(df: TraceInput, block_tokens: int | None = None,
     """
     positive(bin_s=bin_s)
     uses = block_uses(df, block_tokens, kv_bytes_per_token, partial_blocks)
-    first_s, last_s = float(uses.time_s.min()), float(uses.time_s.max())
+    first_s, last_s = uses.first_arrival_s, uses.last_arrival_s
     if start_s is not None and start_s > first_s:
         raise ValueError(f"parameter 'start_s' = {start_s} lies after the first arrival "
                          f"({first_s} s): its writes would fall in no bin")
@@ -400,7 +458,7 @@ def endurance_from_writes(daily_write_bytes: float, drive_capacity_bytes: float,
 
 def hit_ratio_by_ttl(df: TraceInput, ttls_s: Sequence[float], block_tokens: int | None = None,
                      kv_bytes_per_token: int | None = None,
-                     partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                     partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """Fraction of block uses (and of their bytes) whose previous use lies within the TTL.
 
     First uses are misses (compulsory), so the ratio is what a TTL cache of unbounded size
@@ -416,6 +474,26 @@ def hit_ratio_by_ttl(df: TraceInput, ttls_s: Sequence[float], block_tokens: int 
                      "byte_hit_ratio": float(uses.use_bytes[hit].sum() / total_bytes),
                      "uses": len(uses)})
     return pd.DataFrame(rows)
+
+
+def reuse_summary(df: TraceInput, within_s: float = 600.0, block_tokens: int | None = None,
+                  kv_bytes_per_token: int | None = None,
+                  partial_blocks: PartialBlocks | None = None) -> dict[str, float]:
+    """A trace's reuse in three numbers: the *ideal* hit ratio (share of block uses whose
+    block was used before, i.e. an unbounded cache that never evicts), the same by bytes, and
+    the share of reuses whose previous use lies within `within_s` (counted per reuse, as
+    "80 % of reuses within 10 minutes" counts them). Keys: uses, ideal_hit_ratio,
+    ideal_byte_hit_ratio, reuse_share_within, within_s."""
+    positive(within_s=within_s)
+    uses = block_uses(df, block_tokens, kv_bytes_per_token, partial_blocks)
+    if len(uses) == 0:
+        raise ValueError("the trace has no block uses under this partial-block rule")
+    reuse = uses.prev >= 0
+    gaps_s = uses.time_s[reuse] - uses.prev_time_s[reuse]
+    return {"uses": float(len(uses)), "ideal_hit_ratio": float(reuse.mean()),
+            "ideal_byte_hit_ratio": float(uses.use_bytes[reuse].sum() / uses.use_bytes.sum()),
+            "reuse_share_within": float((gaps_s <= within_s).mean()) if reuse.any()
+            else float("nan"), "within_s": float(within_s)}
 
 
 def _fenwick_add(tree: list[int], slot: int, value: int) -> None:
@@ -436,7 +514,7 @@ def _fenwick_prefix(tree: list[int], slot: int) -> int:
 
 def stack_distances(df: TraceInput, block_tokens: int | None = None,
                     kv_bytes_per_token: int | None = None,
-                    partial_blocks: PartialBlocks = "actual") -> np.ndarray:
+                    partial_blocks: PartialBlocks | None = None) -> np.ndarray:
     """Per use, the LRU stack distance in bytes: the block's own bytes plus the bytes of all
     other distinct blocks used since its previous use; inf for a first use.
 
@@ -475,7 +553,7 @@ def stack_distances(df: TraceInput, block_tokens: int | None = None,
 
 def hit_ratio_by_capacity(df: TraceInput, capacities_bytes: Sequence[float],
                           block_tokens: int | None = None, kv_bytes_per_token: int | None = None,
-                          partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                          partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """Hit ratio of a (request-granular) LRU cache of each capacity, from stack distances.
 
     Columns: capacity_bytes, capacity_gb, hit_ratio, byte_hit_ratio, uses.
@@ -495,7 +573,7 @@ def hit_ratio_by_capacity(df: TraceInput, capacities_bytes: Sequence[float],
 
 def reuse_times(df: TraceInput, block_tokens: int | None = None,
                 kv_bytes_per_token: int | None = None,
-                partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """One row per reuse (a use with a previous use): reuse_s (time since it) and bytes."""
     uses = block_uses(df, block_tokens, kv_bytes_per_token, partial_blocks)
     reuse = uses.prev >= 0
@@ -506,7 +584,7 @@ def reuse_times(df: TraceInput, block_tokens: int | None = None,
 def reuse_time_distribution(df: TraceInput, quantiles: Sequence[float] = (0.5, 0.9, 0.99),
                             block_tokens: int | None = None,
                             kv_bytes_per_token: int | None = None,
-                            partial_blocks: PartialBlocks = "actual") -> pd.DataFrame:
+                            partial_blocks: PartialBlocks | None = None) -> pd.DataFrame:
     """Quantiles of the reuse time, by reuse count and weighted by bytes (how long a TTL must
     be to serve a given share of reuses). Columns: quantile, reuse_s, byte_weighted_reuse_s."""
     times = reuse_times(df, block_tokens, kv_bytes_per_token, partial_blocks)

@@ -25,7 +25,9 @@ Rules, stated once because every curve and headline depends on them:
 * Smoothing (headline functions, `smooth_bins` > 1): a centred rolling median (or mean) over
   `smooth_bins` bins per tier, with partial windows at the ends (use an odd `smooth_bins`).
   It is applied to the binned rates before taking peaks, plateaus, ratios or crossovers, so
-  one noisy minute does not become a headline.
+  one noisy minute does not become a headline. Study A's curves are binned and smoothed in
+  one place, `study_a_rates` (settings `StudyASettings.bin_s`, `smooth_bins`): the figures
+  draw what it returns and `study_a_headlines` reads the same frame.
 * Windows select bins by their centre (`window_bins`: a bin is in [t0, t1] when its centre
   is). The *late window* of a run lasting `run_s` is its last third, [2/3 run_s, run_s]
   (`late_window`, `late_bins`): plateaus default to it, and study A reads its "after
@@ -224,6 +226,46 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
                      "hit_share": cached / (cached + computed) if len(known) else math.nan,
                      "n_cached_unknown": len(part) - len(known)})
     return pd.DataFrame(rows, columns=list(SPLIT_COLUMNS))
+
+
+HIT_MISS_COLUMNS = ("kind", "rule", "n", "median_prompt_tokens", "median_ttft_s")
+
+
+def _share_in(name: str, value: float) -> None:
+    if not 0 <= value <= 1:
+        raise ValueError(f"parameter '{name}' must be a share in [0, 1], got {value!r}")
+
+
+def hit_miss_ttft(records: pd.DataFrame, min_prompt_tokens: int = 3000,
+                  hit_share: float = 0.9, miss_share: float = 0.2) -> pd.DataFrame:
+    """TTFT of long prompts served almost wholly from the cache vs almost wholly recomputed.
+
+    What a cache hit buys, measured on the same run: of the successful requests with at
+    least `min_prompt_tokens` prompt tokens, a *hit* has a cached share (cached / prompt
+    tokens) of at least `hit_share`, a *miss* at most `miss_share`; the others, and requests
+    whose cached count is unknown, are neither. Pooled over tiers (a hit is a hit whichever
+    tier served it). Returns two rows, hit then miss, with `HIT_MISS_COLUMNS`: `rule` states
+    the share rule, `n` the requests, and medians of prompt tokens and TTFT (NaN when `n`
+    is 0).
+    """
+    require_columns(records, ["send_s", "first_token_s", "error", "prompt_tokens",
+                              "cached_prompt_tokens"], "hit_miss_ttft")
+    positive(min_prompt_tokens=min_prompt_tokens)
+    _share_in("hit_share", hit_share)
+    _share_in("miss_share", miss_share)
+    if miss_share >= hit_share:
+        raise ValueError(f"parameter 'miss_share' ({miss_share}) must be below 'hit_share' "
+                         f"({hit_share}), or a request could be both")
+    long = records[_succeeded(records) & (records["prompt_tokens"] >= min_prompt_tokens)]
+    share = long["cached_prompt_tokens"] / long["prompt_tokens"]
+    rows = []
+    for kind, rule, chosen in (("hit", f">= {hit_share:.0%} cached", share >= hit_share),
+                               ("miss", f"<= {miss_share:.0%} cached", share <= miss_share)):
+        part = long[chosen.fillna(False).astype(bool)]
+        rows.append({"kind": kind, "rule": rule, "n": len(part),
+                     "median_prompt_tokens": part["prompt_tokens"].median(),
+                     "median_ttft_s": _ttft_s(part).median()})
+    return pd.DataFrame(rows, columns=list(HIT_MISS_COLUMNS))
 
 
 SOURCE_COLUMNS = ("tier", "computed_tokens", "engine_hit_tokens", "offload_hit_tokens",
@@ -585,6 +627,10 @@ def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float | None
 class StudyASettings:
     """How `study_a_headlines` reads the runs; every choice in one place.
 
+    A notebook builds one of these from its parameters and passes it to the curve functions
+    it draws (`study_a_rates`, `study_a_ttft`, `study_a_resumes`) and to `study_a_headlines`,
+    so a headline is read off the very curve the figure shows: `bin_s` is the bin width of
+    the A2-A4 curves, `smooth_bins` / `smooth` their rolling window (1: unsmoothed).
     `after_window_s` is the (t0, t1) window of the "after saturation" levels (A2.*_after,
     retained shares, A3.flash_output); None means the late window (`late_window`).
     `early_window_s` bounds A2.early_spread and A4.ttft_cached. The DRAM fill time
@@ -622,16 +668,51 @@ class StudyASettings:
                                               ("flash", self.flash)) if tier in names}
 
 
-def _a2_headlines(binned: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
+def _settings(settings: StudyASettings | None, changes: Mapping[str, Any]) -> StudyASettings:
+    return replace(settings or StudyASettings(), **changes)
+
+
+def study_a_rates(records: pd.DataFrame, settings: StudyASettings | None = None,
+                  **changes: Any) -> pd.DataFrame:
+    """The curves of figures A2 and A3 as drawn and as `study_a_headlines` reads them.
+
+    `throughput_over_time` at `settings.bin_s` up to `settings.run_s`, then `smooth_rates`
+    with `settings.smooth_bins` / `settings.smooth`: the one binning and smoothing of study
+    A's throughput, so a peak or plateau in the headline table is the one in the figure.
+    Keyword `changes` override fields of `settings`.
+    """
+    s = _settings(settings, changes)
+    return smooth_rates(throughput_over_time(records, s.bin_s, s.run_s), **s.smoothing())
+
+
+def study_a_ttft(records: pd.DataFrame, settings: StudyASettings | None = None,
+                 **changes: Any) -> pd.DataFrame:
+    """The curves of figure A4 as drawn and as `study_a_headlines` reads them: TTFT per bin
+    of send time at `settings.bin_s` up to `settings.run_s`, warm-up turns left out (they
+    measure the cache warm-up, not a tier)."""
+    s = _settings(settings, changes)
+    return ttft_over_time(records, s.bin_s, exclude_warmup=True, run_s=s.run_s)
+
+
+def study_a_resumes(records: pd.DataFrame, settings: StudyASettings | None = None,
+                    **changes: Any) -> pd.DataFrame:
+    """The bars of figure A5 as drawn and as `study_a_headlines` reads them: `resume_stats`
+    without warm-up turns, over the sessions that resumed in every tier's run unless
+    `settings.common_resumes` is False."""
+    s = _settings(settings, changes)
+    return resume_stats(records, exclude_warmup=True, common_sessions=s.common_resumes)
+
+
+def _a2_headlines(curves: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
                   ) -> dict[str, float]:
-    smooth = s.smoothing()
-    top = peak(binned, "total_tok_s", **smooth).set_index("tier")["peak_tok_s"]
-    after = plateau(binned, "total_tok_s", *s.after_window(), **smooth)
+    """A2's ids from `study_a_rates` curves (already smoothed: no further smoothing here)."""
+    top = peak(curves, "total_tok_s").set_index("tier")["peak_tok_s"]
+    after = plateau(curves, "total_tok_s", *s.after_window())
     out: dict[str, float] = {}
     gains = pd.Series(dtype=float)
     if "baseline" in roles:
         out["A2.baseline_plateau"] = after[roles["baseline"]]
-        gains = gain_over_baseline_at_peak(binned, "total_tok_s", roles["baseline"], **smooth)
+        gains = gain_over_baseline_at_peak(curves, "total_tok_s", roles["baseline"])
     for role in ("dram", "flash"):
         if role in roles:
             tier = roles[role]
@@ -640,24 +721,23 @@ def _a2_headlines(binned: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
             out[f"A2.{role}_after"] = after[tier]
             out[f"A2.{role}_retained"] = 100 * after[tier] / top[tier]
     if len(roles) >= 2:
-        three = binned[binned["tier"].isin(roles.values())]
-        out["A2.early_spread"] = 100 * early_spread(three, "total_tok_s", s.early_window_s,
-                                                    **smooth)
+        three = curves[curves["tier"].isin(roles.values())]
+        out["A2.early_spread"] = 100 * early_spread(three, "total_tok_s", s.early_window_s)
     return out
 
 
-def _a3_headlines(binned: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
+def _a3_headlines(curves: pd.DataFrame, s: StudyASettings, roles: dict[str, str]
                   ) -> dict[str, float]:
-    smooth = s.smoothing()
-    after = plateau(binned, "output_tok_s", *s.after_window(), **smooth)
+    """A3's ids from `study_a_rates` curves (already smoothed: no further smoothing here)."""
+    after = plateau(curves, "output_tok_s", *s.after_window())
     out: dict[str, float] = {}
     if "dram" in roles:
-        top = peak(binned, "output_tok_s", **smooth).set_index("tier")["peak_tok_s"]
+        top = peak(curves, "output_tok_s").set_index("tier")["peak_tok_s"]
         out["A3.dram_peak_output"] = top[roles["dram"]]
     if "flash" in roles:
         out["A3.flash_output"] = after[roles["flash"]]
     if "baseline" in roles and "dram" in roles:
-        gains = gain_over_baseline_at_peak(binned, "output_tok_s", roles["baseline"], **smooth)
+        gains = gain_over_baseline_at_peak(curves, "output_tok_s", roles["baseline"])
         out["A3.dram_output_gain"] = gains[roles["dram"]]
     if "baseline" in roles and "flash" in roles:
         out["A3.flash_output_gain"] = after[roles["flash"]] / after[roles["baseline"]]
@@ -672,8 +752,7 @@ def _a4_headlines(records: pd.DataFrame, s: StudyASettings, roles: dict[str, str
                  & (data["send_s"] < s.early_window_s)]
     if len(early):
         out["A4.ttft_cached"] = float(_ttft_s(early).median())
-    curves = (ttft_over_time(data, s.bin_s, run_s=s.run_s) if len(data)
-              else pd.DataFrame(columns=list(TTFT_COLUMNS)))
+    curves = study_a_ttft(data, s) if len(data) else pd.DataFrame(columns=list(TTFT_COLUMNS))
     if "baseline" in roles:
         part = curves[curves["tier"] == roles["baseline"]]
         out["A4.baseline_ttft_high"] = part.loc[
@@ -702,18 +781,18 @@ def _flash_late_ratio(data: pd.DataFrame, s: StudyASettings, roles: dict[str, st
 
 def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
                   ) -> dict[str, float]:
+    """A5's ids, per tier, from the table the figure's bars are drawn from (`study_a_resumes`).
+
+    The normal-turn TTFT is each tier's own median (`A5.normal_ttft_<role>`): a median pooled
+    over tiers mixes a recomputing baseline with cached tiers and matches no bar of A5.
+    """
     data = records[records["tier"].isin(roles.values())]
-    stats = resume_stats(data, exclude_warmup=True, common_sessions=common).set_index("tier")
+    stats = study_a_resumes(data, common_resumes=common).set_index("tier")
     out: dict[str, float] = {}
     for role, tier in roles.items():
         out[f"A5.resume_median_{role}"] = stats.at[tier, "resume_ttft_median_s"]
         out[f"A5.resume_max_{role}"] = stats.at[tier, "resume_ttft_max_s"]
-    normal = data[_succeeded(data) & ~data["is_resume"].astype(bool)
-                  & ~data["is_warmup"].astype(bool)]
-    out["A5.normal_ttft"] = float(_ttft_s(normal).median())
-    per_tier = _ttft_s(normal).groupby(normal["tier"]).median()
-    for role, tier in roles.items():  # A5's bars are per tier; the pooled id is the study's
-        out[f"A5.normal_ttft_{role}"] = float(per_tier.get(tier, math.nan))
+        out[f"A5.normal_ttft_{role}"] = stats.at[tier, "normal_ttft_median_s"]
     out["A5.resumes"] = float(stats["n_resumes"].max())
     return out
 
@@ -743,27 +822,31 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     override fields of `settings` (see `StudyASettings`), e.g.
     `study_a_headlines(rec, smp, dram_capacity_bytes=512e9)`.
 
+    Every A2/A3 number is read off `study_a_rates(records, settings)`, the curves figures A2
+    and A3 draw with the same settings (bin width `bin_s`, smoothing `smooth_bins`), A4's
+    binned ones off `study_a_ttft`, A5's off `study_a_resumes`.
+
     Definitions beyond the curve functions: A2/A3 "after" levels are plateaus over
     `after_window_s`; A3.flash_output_gain is flash's over the baseline's plateau there;
     A4.ttft_cached is the median TTFT of all tiers' normal, non-warm-up turns sent in the
     first `early_window_s`; A4.baseline_ttft_high the highest binned median in the first half
     of the run; A4.dram_ttft_before_fill the highest DRAM binned median before the fill;
     A4.flash_late_ratio flash's median TTFT in the second half over the lowest other
-    tier's; A5.normal_ttft the median of all tiers' normal turns, A5.normal_ttft_<tier>
-    each tier's; A5.resume_* and A5.resumes cover
+    tier's; A5.normal_ttft_<role> each tier's median normal-turn TTFT (A5's bars; no
+    median pooled over tiers is reported); A5.resume_* and A5.resumes cover
     the sessions that resumed in every tier's run (`common_resumes`; A5.resumes is then their
     number, otherwise the most resumes any tier saw).
     """
-    s = replace(settings or StudyASettings(), **changes)
+    s = _settings(settings, changes)
     require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
                      "study_a_headlines")
     roles = s.roles(records["tier"])
     if not roles:
         return {}
     data = records[records["tier"].isin(roles.values())]
-    binned = throughput_over_time(data, s.bin_s, s.run_s)
+    curves = study_a_rates(data, s)
     dram_fill_s = _dram_fill_s(samples, s)
-    out = {**_a2_headlines(binned, s, roles), **_a3_headlines(binned, s, roles),
+    out = {**_a2_headlines(curves, s, roles), **_a3_headlines(curves, s, roles),
            **_a4_headlines(data, s, roles, dram_fill_s),
            **_a5_headlines(data, roles, s.common_resumes)}
     if math.isfinite(dram_fill_s):

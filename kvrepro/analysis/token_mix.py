@@ -27,7 +27,9 @@ Real exports vary, and the reader accepts the variations it knows of: integers a
 missing optional fields (tokens default to 0, session and model to None, the time to NaN),
 extra fields. Everything else it cannot use is skipped, counted with its reason and the
 file:line (and the record inside the line) in `ClaudeCodeTelemetry.skipped`; with
-`strict=True` the first such record raises `TelemetryFormatError` instead. Other events and
+`strict=True` the first such record raises `TelemetryFormatError` instead. A line (CSV: a
+row) holding a byte that is not UTF-8 is such a record, skipped whole; so is the rest of a
+gzip file that ends early. Other events and
 metrics (tool_result, cost.usage, ...) are not errors: they are counted in `ignored`.
 
 Metrics in cumulative temporality are turned into deltas per series (resource + point
@@ -47,6 +49,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +60,8 @@ from typing import IO, Any, Literal, NamedTuple
 
 import numpy as np
 import pandas as pd
+
+from kvrepro._checks import UNDECODABLE_RE, not_utf8
 
 TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
 FRAME_DTYPES: dict[str, str] = {
@@ -99,9 +104,25 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, bytes):
         if value[:1] == b'"':
-            return json.loads(value) if b"\\" in value else value[1:-1].decode()
+            return _json_string(value) if b"\\" in value else value[1:-1].decode()
         return value.decode()
     return value if isinstance(value, str) else str(value)
+
+
+def _json_string(raw: bytes) -> str:
+    """A raw JSON string of the fast path, which `json.loads` of the line did not check
+    (attribute lists are read by regex): a bad escape makes the record a skip."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise _Skip(f"attribute text {raw[:60]!r} is not a valid JSON string") from None
+
+
+def _invalid_json(exc: ValueError) -> str:
+    """The reason of a failed `json.loads` of bytes (not UTF-8, or not JSON)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return not_utf8(exc)[1]
+    return f"invalid JSON ({getattr(exc, 'msg', exc)})"
 
 
 def _count(value: Any, name: str) -> int | None:
@@ -112,7 +133,7 @@ def _count(value: Any, name: str) -> int | None:
         except ValueError:
             pass
         else:
-            if number >= 0:
+            if 0 <= number < _INT64_END:
                 return number
     if value is None or value == b"" or value == "":
         return None
@@ -132,6 +153,8 @@ def _count(value: Any, name: str) -> int | None:
         raise _Skip(f"{name} is not an integer: {value!r}")
     if value < 0:
         raise _Skip(f"{name} is negative: {value}")
+    if value >= _INT64_END:
+        raise _Skip(f"{name} is too large for a token count: {value}")
     return value
 
 
@@ -141,9 +164,9 @@ def _nanos_to_s(value: Any) -> float | None:
         return None
     try:
         nanos = int(value)
-    except (TypeError, ValueError):
-        raise _Skip(f"time {value!r} is not integer nanoseconds") from None
-    return nanos / 1e9 if nanos > 0 else None
+        return nanos / 1e9 if nanos > 0 else None
+    except (TypeError, ValueError, OverflowError):
+        raise _Skip(f"time {str(value)[:60]!r} is not integer nanoseconds") from None
 
 
 def _any_time_to_s(value: Any) -> float | None:
@@ -205,6 +228,8 @@ _ATTR_LIST_RE = re.compile(rb'"attributes"\s*+:\s*+\[\s*+((?:' + _attr_pattern(_
                            + rb")(?:\s*+,\s*+" + _attr_pattern(_STR, False) + rb")*+)?\s*+\]")
 """A whole attribute list whose every element is a scalar attribute (the common case)."""
 _MARK = "\x00"
+_INT64_END = 2**63
+"""Token counts must fit the frame's int64 columns."""
 
 
 _K_IN, _K_OUT, _K_READ, _K_CREATE = (_key(c) for c in TOKEN_COLUMNS)
@@ -244,7 +269,10 @@ def _attrs(value: Any, raw: bytes, spans: list[tuple[int, int]],
 
     A marked list is read from `raw` with `pattern` (all attributes, or only the log keys)."""
     if type(value) is str and value[:1] == _MARK:
-        start, end = spans[int(value[1:])]
+        try:
+            start, end = spans[int(value[1:])]
+        except (ValueError, IndexError):  # the line itself holds a string like the marker
+            raise _Skip(f"attributes {value!r} is not an attribute list") from None
         return dict(pattern.findall(raw, start, end))
     if value is None:
         return {}
@@ -262,7 +290,7 @@ def _py_attrs(attrs: Mapping[bytes, Any]) -> dict[str, Any]:
     """Attributes with plain names and Python values (for metric series identity)."""
     out = {}
     for key, value in attrs.items():
-        name = json.loads(key)
+        name = _json_string(key) if isinstance(key, bytes) else key
         out[name] = _text(value) if isinstance(value, bytes) else value
     return out
 
@@ -502,16 +530,28 @@ def _open(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
 
 
+def _head(path: Path, size: int) -> bytes:
+    """The first `size` bytes (decompressed), or as many as a truncated gzip file holds."""
+    chunks, total = [], 0
+    with _open(path) as fh:
+        try:
+            while total < size and (chunk := fh.read(min(8192, size - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+        except (EOFError, OSError, zlib.error):
+            pass  # sniff what could be read; reading the file then reports where it ends
+    return b"".join(chunks)
+
+
 def _sniff(path: Path) -> str:
     """Guess the format from the first 64 KiB: OTLP, Loki response or CSV."""
-    with _open(path) as fh:
-        head = fh.read(65_536)
+    head = _head(path, 65_536)
     if not head.strip():
         raise NoUsableRecordsError(f"{path}: the file is empty")
+    if any(k in head for k in (b'"resourceLogs"', b'"resourceMetrics"', b'"resourceSpans"')):
+        return "otlp"  # checked first: a corrupted first byte must not make it a CSV
     if head.lstrip()[:1] not in (b"{", b"["):
         return "csv"
-    if any(k in head for k in (b'"resourceLogs"', b'"resourceMetrics"', b'"resourceSpans"')):
-        return "otlp"
     return "loki" if any(k in head for k in (b'"result"', b'"streams"', b'"values"')) else "otlp"
 
 
@@ -529,7 +569,8 @@ class _Reader:
     def skip(self, line: int | None, record: str, reason: str) -> None:
         if self.strict:
             where = f" ({record})" if record else ""
-            raise TelemetryFormatError(f"{self.file}:{line}: {reason}{where}")
+            at = "" if line is None else f":{line}"  # None: where a gzip stream broke
+            raise TelemetryFormatError(f"{self.file}{at}: {reason}{where}")
         self.skipped.append((self.file, line, record, reason))
 
     def accept(self, time_s: float | None, session: Any, model: Any,
@@ -557,11 +598,17 @@ class _Reader:
                 self.otlp_document(raw, line_no)
 
     def otlp_document(self, raw: bytes, line: int) -> None:
+        if not raw.isascii():  # checked here: the fast path never decodes most of the line
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self.skip(line, "", _invalid_json(exc))
+                return
         reduced, spans = _reduce_attribute_lists(raw)
-        try:
-            doc = json.loads(reduced)
+        try:  # decoded here, not by json.loads, which would guess UTF-16 from a NUL byte
+            doc = json.loads(reduced.decode("utf-8"))
         except ValueError as exc:
-            self.skip(line, "", f"invalid JSON ({exc.msg})")
+            self.skip(line, "", _invalid_json(exc))
             return
         if not isinstance(doc, dict) or not {"resourceLogs", "resourceMetrics",
                                              "resourceSpans"} & doc.keys():
@@ -637,9 +684,9 @@ class _Reader:
             for line_no, raw in enumerate(data.splitlines(), 1):
                 if raw.strip():
                     try:
-                        docs.append((line_no, json.loads(raw)))
-                    except ValueError as exc:
-                        self.skip(line_no, "", f"invalid JSON ({exc.msg})")
+                        docs.append((line_no, json.loads(raw.decode("utf-8"))))
+                    except ValueError as exc:  # UnicodeDecodeError included
+                        self.skip(line_no, "", _invalid_json(exc))
         for line_no, doc in docs:
             self.loki_document(doc, line_no)
 
@@ -678,9 +725,12 @@ class _Reader:
         self.flat_event(fields, _nanos_to_s(entry[0]), "loki")
 
     def read_csv(self, fh: IO[bytes]) -> None:
-        # Undecodable bytes become U+FFFD, so they surface as skipped rows with a reason.
-        text = io.TextIOWrapper(fh, encoding="utf-8-sig", errors="replace", newline="")
-        reader = csv.reader(text)
+        data = fh.read()
+        try:
+            text, undecodable = data.decode("utf-8-sig"), False
+        except UnicodeDecodeError:  # bad bytes become lone surrogates: rows skipped below
+            text, undecodable = data.decode("utf-8-sig", "surrogateescape"), True
+        reader = csv.reader(io.StringIO(text, newline=""))
         header = next(reader, None)
         keys = [_norm_key(h) for h in header or []]
         if not set(TOKEN_COLUMNS) & set(keys):
@@ -691,6 +741,12 @@ class _Reader:
                 continue
             if len(row) != len(keys):
                 self.skip(reader.line_num, "", f"row has {len(row)} fields, header {len(keys)}")
+                continue
+            bad = undecodable and next(((k, found) for k, cell in zip(keys, row, strict=True)
+                                        if (found := UNDECODABLE_RE.search(cell))), None)
+            if bad:
+                self.skip(reader.line_num, "", f"not UTF-8 text (byte "
+                          f"0x{ord(bad[1].group()) - 0xDC00:02x} in field {bad[0]!r})")
                 continue
             try:
                 self.flat_event({k: v for k, v in zip(keys, row, strict=True) if v != ""},
@@ -725,8 +781,11 @@ def _read_one(reader: _Reader, path: Path, fmt: ExportFormat) -> None:
     reader.file = str(path)
     before = (len(reader.rows), len(reader.points), len(reader.skipped),
               sum(reader.ignored.values()))
-    with _open(path) as fh:
-        getattr(reader, f"read_{kind}")(fh)
+    try:
+        with _open(path) as fh:
+            getattr(reader, f"read_{kind}")(fh)
+    except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupted gzip file
+        reader.skip(None, "", f"unreadable after this point ({exc}); truncated file?")
     if (len(reader.rows), len(reader.points)) == before[:2]:
         reasons = Counter(s[3] for s in reader.skipped[before[2]:]).most_common(3)
         seen = sum(reader.ignored.values()) - before[3]

@@ -468,3 +468,104 @@ def break_even_kv_bytes(retention: Retention, bill: ServerBill, prices: PriceSet
             return min(max(lower_gb, flash_h / per_gb_h), dram_gb_max) * 1e9
         lower_gb, kv_tb = upper_gb, flash.usable_tb + retention.drive_tb / 2
     return dram_gb_max * 1e9
+
+
+def break_even_ttl_s(retention: Retention, bill: ServerBill, prices: PriceSet) -> float:
+    """The TTL whose retained KV is `break_even_kv_bytes`: KV bytes / (tok/s x bytes per
+    token), the same A6 arithmetic `tokens_per_dollar_vs_ttl` sizes tiers with."""
+    return break_even_kv_bytes(retention, bill, prices) / (
+        retention.kv_rate_tok_s * retention.kv_bytes_per_token)
+
+
+# ---------------------------------------------------------------- numbers to quote (A9, B1)
+
+LATE_PER_DOLLAR_COLUMNS = ("total_tok_s", "tok_per_usd_server", "tok_per_usd_tier")
+QUOTE_COLUMNS = ("quantity", "tier", "value", "unit")
+
+
+def late_per_dollar(per_dollar: pd.DataFrame) -> pd.DataFrame:
+    """Per tier (index): throughput and tokens per dollar late in the run, the plateau over
+    `analysis.late_window` (the package's one "late in the run"). `per_dollar` is
+    `tokens_per_dollar` output."""
+    require_columns(per_dollar, ["tier", "bin_start_s", "bin_end_s",
+                                 *LATE_PER_DOLLAR_COLUMNS], "late_per_dollar")
+    return pd.DataFrame({col: analysis.plateau(per_dollar, col)
+                         for col in LATE_PER_DOLLAR_COLUMNS})
+
+
+def a9_quote(costs: pd.DataFrame, late: pd.DataFrame, crossover_s: Mapping[str, float],
+             cross_ttl_s: float, retention: Retention, bill: ServerBill,
+             prices: PriceSet) -> pd.DataFrame:
+    """A9's numbers to quote, one row each (`QUOTE_COLUMNS`; `tier` empty when a number is
+    not a tier's): each tier's server $/h (`cost_table`) and late tokens per $
+    (`late_per_dollar`), the run's cross-overs (`crossover_s`: "server" / "tier" ->
+    `analysis.crossover_time_s` of the two tokens-per-$ columns, in s), the break-even KV and
+    TTL, and the TTL from which flash stays ahead (`crossover_ttl_s`). Study A gives no
+    numbers for A9, so none is compared."""
+    missing = sorted({"server", "tier"} - set(crossover_s))
+    if missing:
+        raise ValueError(f"parameter 'crossover_s' lacks {missing} (keys: 'server', 'tier')")
+    usd_h = costs.set_index("tier")["server_usd_per_h"]
+    rows = [("server cost", t, float(usd_h[t]), "$/h") for t in usd_h.index]
+    rows += [("tokens per $ late in the run (whole server)", t,
+              float(late.at[t, "tok_per_usd_server"]) / 1e6, "M tok/$") for t in late.index]
+    rate = f"{retention.kv_rate_tok_s:,.0f} tok/s x {retention.kv_bytes_per_token:,.0f} B/token"
+    rows += [("flash overtakes DRAM per $ (whole server) at", "",
+              crossover_s["server"] / 60, "min of run"),
+             ("flash overtakes DRAM per $ (cache tier alone) at", "",
+              crossover_s["tier"] / 60, "min of run"),
+             ("break-even retained KV (flash tier costs no more than DRAM)", "",
+              break_even_kv_bytes(retention, bill, prices) / 1e12, "TB"),
+             (f"break-even TTL at {rate}", "", break_even_ttl_s(retention, bill, prices) / 60,
+              "min"),
+             ("flash ahead per $ (whole server) for TTLs from", "", cross_ttl_s / 60, "min")]
+    return pd.DataFrame(rows, columns=list(QUOTE_COLUMNS))
+
+
+def study_b1_point() -> tuple[float, float]:
+    """(sequence tokens, prefill ms) of study B's B1 point (~600 ms at 15K tokens), read from
+    `data/reference/reference_numbers.csv` (`B1.seq_tokens`, `B1.prefill_ms`). Only ever
+    drawn or compared against: nothing is computed from it."""
+    from kvrepro.reference import load_reference
+
+    ref = load_reference()["value"]
+    return float(ref["B1.seq_tokens"]), float(ref["B1.prefill_ms"])
+
+
+def prefill_at(anatomy: pd.DataFrame, seq_tokens: float | None = None) -> dict[str, float]:
+    """Latency (ms, the parts summed) and attention share of a `roofline.prefill_anatomy`
+    frame at `seq_tokens` (default: its longest sequence); an error if the frame has no
+    row at that length."""
+    require_columns(anatomy, ["seq_tokens", "part", "latency_ms", "share"], "prefill_at")
+    at = float(anatomy["seq_tokens"].max()) if seq_tokens is None else float(seq_tokens)
+    rows = anatomy[anatomy["seq_tokens"] == at].set_index("part")
+    if rows.empty:
+        raise ValueError(f"prefill_at: no row at seq_tokens={at:g} (the anatomy covers "
+                         f"{anatomy['seq_tokens'].min():g}-{anatomy['seq_tokens'].max():g} "
+                         "tokens)")
+    return {"seq_tokens": at, "latency_ms": float(rows["latency_ms"].sum()),
+            "attention_share": float(rows.at["attention", "share"])}
+
+
+def b1_quote(anatomies: Mapping[str, pd.DataFrame], study_label: str) -> pd.DataFrame:
+    """B1's numbers per model (label -> `roofline.prefill_anatomy` frame): prefill latency
+    and attention share at the longest sequence; for `study_label`, the configuration the
+    study's B1 describes (study B's model and GPU), also the latency at the study's point
+    (`study_b1_point`) next to the study's value, with the difference in % (NaN when the
+    anatomy lacks the study's length; other models are not compared). Columns: `model,
+    seq_tokens, latency_ms, attention_share, latency_at_study_ms, study_ms, rel_diff_pct`."""
+    if study_label not in anatomies:
+        raise ValueError(f"parameter 'study_label': {study_label!r} is not one of "
+                         f"{list(anatomies)}")
+    study_tokens, study_ms = study_b1_point()
+    rows = []
+    for label, anatomy in anatomies.items():
+        row = {"model": label, **prefill_at(anatomy), "latency_at_study_ms": math.nan,
+               "study_ms": study_ms if label == study_label else math.nan,
+               "rel_diff_pct": math.nan}
+        if label == study_label and (anatomy["seq_tokens"] == study_tokens).any():
+            at_study = prefill_at(anatomy, study_tokens)["latency_ms"]
+            row.update(latency_at_study_ms=at_study,
+                       rel_diff_pct=(at_study - study_ms) / study_ms * 100)
+        rows.append(row)
+    return pd.DataFrame(rows)

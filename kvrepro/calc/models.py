@@ -44,12 +44,33 @@ class ModelSpec(BaseModel):
     params_total_b: float = Field(gt=0, description="total parameters, billions")
     params_active_b: float = Field(gt=0, description="parameters active per token, billions")
     weight_bytes_per_param: float = Field(gt=0)
+    num_experts: int | None = Field(default=None, gt=1, description="MoE: routed experts per "
+                                    "MoE layer (None: dense)")
+    experts_per_token: int | None = Field(default=None, gt=0, description="MoE: routed experts "
+                                          "each token uses (top-k)")
     source: str = ""
 
     @model_validator(mode="after")
     def _mla_needs_latent(self) -> ModelSpec:
         if self.attention == "mla" and self.kv_lora_rank is None:
             raise ValueError(f"model {self.name!r}: attention 'mla' needs kv_lora_rank")
+        return self
+
+    @model_validator(mode="after")
+    def _experts_consistent(self) -> ModelSpec:
+        """Routed experts need both counts, fewer active than routed, and more parameters in
+        all than active: the roofline splits the weights into dense and per-expert parts from
+        params_total_b and params_active_b (`kvrepro.calc.roofline.decode_weight_bytes`)."""
+        if (self.num_experts is None) != (self.experts_per_token is None):
+            raise ValueError(f"model {self.name!r}: give both num_experts and experts_per_token "
+                             f"or neither, got {self.num_experts} and {self.experts_per_token}")
+        if self.num_experts is not None and not self.experts_per_token < self.num_experts:
+            raise ValueError(f"model {self.name!r}: experts_per_token ({self.experts_per_token})"
+                             f" must be below num_experts ({self.num_experts})")
+        if self.num_experts is not None and not self.params_active_b < self.params_total_b:
+            raise ValueError(f"model {self.name!r}: a MoE needs params_active_b "
+                             f"({self.params_active_b}) below params_total_b "
+                             f"({self.params_total_b})")
         return self
 
     @property

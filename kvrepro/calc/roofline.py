@@ -1,7 +1,8 @@
 """Roofline cost of prefill and decode: the one timing model of kvrepro.
 
 Prefill is compute bound: FLOPs over the GPU's rate times a utilisation. Decode (one new
-token per request) is memory bound: the weights and the cached KV are read once per step.
+token per request) is memory bound: the weights and the cached KV are read once per step; of
+a MoE's routed experts, those the step's tokens touch (`decode_weight_bytes`).
 Figure B4 (prefill TTFT by GPU) and the simulator's step time both call these functions.
 
 FLOPs of `new_tokens` query tokens attending to `cached_tokens` earlier ones plus themselves
@@ -69,12 +70,53 @@ def prefill_time_s(model: ModelSpec, gpu: GpuSpec, new_tokens: int, cached_token
     return flops / (gpu.fp16_tflops * 1e12 * mfu)
 
 
-def decode_step_s(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch: int = 1) -> float:
-    """Seconds for one decode step: read active weights once and every request's KV."""
+def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:
+    """Expected distinct experts of one MoE layer that `tokens` tokens are routed to.
+
+    Assumes uniform, independent routing: each token picks `experts_per_token` (k) distinct
+    experts of `num_experts` (E) uniformly, so an expert is missed by one token with
+    probability 1 - k/E and by all b tokens with (1 - k/E)^b: E x (1 - (1 - k/E)^b), k at
+    b = 1 and E as b grows. Real routers are skewed (popular experts), which touches fewer;
+    the uniform case is the upper bound a batch's weight traffic is modelled with.
+    """
+    positive(num_experts=num_experts, experts_per_token=experts_per_token)
+    non_negative(tokens=tokens)
+    if experts_per_token > num_experts:
+        raise ValueError(f"parameter 'experts_per_token' ({experts_per_token}) exceeds "
+                         f"'num_experts' ({num_experts})")
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
+
+
+def decode_weight_bytes(model: ModelSpec, batch_tokens: int = 1) -> float:
+    """Bytes of weights one step reads for a batch of `batch_tokens` tokens.
+
+    Dense models read all their weights. A MoE reads its dense part (attention, embeddings,
+    shared experts, dense layers) once and each routed expert the batch touches once
+    (`expected_experts_touched`). The split follows from the catalog's counts alone: with E
+    routed experts, k per token and P parameters in all of which A are active per token,
+    one expert (over all MoE layers) has (P - A) / (E - k) parameters and the dense part
+    A - k x that. One token reads the active weights; a large batch nearly all of them.
+    """
+    positive(batch_tokens=batch_tokens)
+    if model.num_experts is None:
+        return model.active_weight_bytes
+    routed, k = model.num_experts, model.experts_per_token
+    expert_bytes = ((model.params_total_b - model.params_active_b) * 1e9
+                    * model.weight_bytes_per_param / (routed - k))
+    dense_bytes = model.active_weight_bytes - k * expert_bytes
+    return dense_bytes + expected_experts_touched(routed, k, batch_tokens) * expert_bytes
+
+
+def decode_step_s(model: ModelSpec, gpu: GpuSpec, context_tokens: int, batch: int = 1,
+                  batch_tokens: int | None = None) -> float:
+    """Seconds for one decode step of `batch` requests of `context_tokens` each: the
+    weights the step's tokens touch (`decode_weight_bytes`; `batch_tokens`, default one per
+    request) read once, and every request's KV."""
     non_negative(context_tokens=context_tokens)
     positive(batch=batch)
     kv_bytes = batch * context_tokens * model.kv_bytes_per_token
-    return (model.active_weight_bytes + kv_bytes) / (gpu.mem_bw_tb_s * 1e12)
+    weight_bytes = decode_weight_bytes(model, batch if batch_tokens is None else batch_tokens)
+    return (weight_bytes + kv_bytes) / (gpu.mem_bw_tb_s * 1e12)
 
 
 def kv_load_time_s(model: ModelSpec, gpu: GpuSpec, tokens: int) -> float:

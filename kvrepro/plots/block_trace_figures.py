@@ -16,12 +16,16 @@ TIER_FILL = {"HBM": "#2ca02c", "DRAM": "#1f77b4", "SSD": "#d62728", "overflow": 
 
 def b2_working_set(df: pd.DataFrame, tier_limits_gb: dict[str, float] | None = None,
                    warmup_min: float | None = None,
-                   title: str = "B2: KV working set by the tier it lands in") -> plt.Figure:
+                   title: str = "B2: KV working set by the tier it lands in",
+                   definition: str | None = None, trace_label: str | None = None) -> plt.Figure:
     """Stacked area of the KV working set over time, by tier (HBM, DRAM, SSD, overflow).
 
     `df` is tidy (time_min, tier, gb), as `tiered_working_set` returns. `tier_limits_gb` draws
     the cumulative tier boundaries (e.g. {"HBM": 90, "HBM+DRAM": 465}); `warmup_min` shades
-    the first minutes, where the TTL window is not yet full of history.
+    the first minutes, where the TTL window is not yet full of history. `definition` (what a
+    block counts for, e.g. "full blocks only") goes under the title and `trace_label` (e.g.
+    "stand-in trace") into the total's legend entry, so a reader sees what was measured on
+    what without the notebook.
     """
     require_columns(df, ["time_min", "tier", "gb"], "B2")
     wide = df.pivot_table(index="time_min", columns="tier", values="gb", aggfunc="sum")
@@ -30,7 +34,8 @@ def b2_working_set(df: pd.DataFrame, tier_limits_gb: dict[str, float] | None = N
     ax.stackplot(wide.index, *[wide[t] for t in tiers], labels=tiers,
                  colors=[TIER_FILL[t] for t in tiers], alpha=0.85)
     total = wide.sum(axis=1)
-    ax.plot(wide.index, total, color="black", linewidth=1.5)
+    ax.plot(wide.index, total, color="black", linewidth=1.5,
+            label="total" if trace_label is None else f"total, {trace_label}")
     if warmup_min:
         ax.axvspan(wide.index.min(), warmup_min, color="0.9", zorder=0, label="TTL warm-up")
     for name, limit in (tier_limits_gb or {}).items():
@@ -38,7 +43,8 @@ def b2_working_set(df: pd.DataFrame, tier_limits_gb: dict[str, float] | None = N
         ax.text(wide.index.max(), limit, f"{name} {limit:,.0f} GB ", ha="right", va="bottom",
                 fontsize=11, color="0.25")
     _annotate_peak(ax, total[total.index >= (warmup_min or total.index.min())])
-    ax.set(xlabel="trace time (min)", ylabel="KV working set (GB)", title=title,
+    full_title = title if definition is None else f"{title}\nworking set: {definition}"
+    ax.set(xlabel="trace time (min)", ylabel="KV working set (GB)", title=full_title,
            ylim=(0, max(total.max(), *(tier_limits_gb or {0: 0}).values()) * 1.18))
     ax.yaxis.set_major_formatter(mticker.StrMethodFormatter("{x:,.0f}"))
     ax.legend(loc="upper left", fontsize=11, ncol=2, framealpha=0.95)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from kvrepro._checks import not_utf8
 
 DIRECTIONS = ("read", "write", "trim")
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -39,8 +42,15 @@ _OPTION_COLUMNS = {"rw": "rw", "bs": "bs", "iodepth": "iodepth", "numjobs": "num
 
 
 def load_fio_json(path: str | Path) -> dict[str, Any]:
-    """fio's JSON report from the `--output` file (see `fio_json_from_text`)."""
-    return fio_json_from_text(Path(path).read_text(), source=str(path))
+    """fio's JSON report from the `--output` file (see `fio_json_from_text`); bytes that
+    are not UTF-8 raise ValueError naming the file and line."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, reason = not_utf8(err)
+        raise ValueError(f"{path}:{line}: fio output is {reason}") from err
+    return fio_json_from_text(text, source=str(path))
 
 
 def fio_json_from_text(text: str, source: str = "fio output") -> dict[str, Any]:
@@ -48,7 +58,7 @@ def fio_json_from_text(text: str, source: str = "fio output") -> dict[str, Any]:
 
     fio writes some warnings into the `--output` file ahead of the JSON (e.g. "fio:
     time_based requires a runtime/timeout setting"), so everything before the first `{` is
-    skipped.
+    skipped. Invalid JSON raises ValueError("source:line: ...", the line in the whole text).
     """
     start = text.find("{")
     if start < 0:
@@ -56,8 +66,9 @@ def fio_json_from_text(text: str, source: str = "fio output") -> dict[str, Any]:
     try:
         return json.loads(text[start:])
     except json.JSONDecodeError as err:
-        raise ValueError(f"{source}: fio output is not valid JSON ({err}); it starts: "
-                         f"{text[start:start + 200]!r}") from err
+        line = text.count("\n", 0, start + err.pos) + 1
+        raise ValueError(f"{source}:{line}: fio output is not valid JSON ({err.msg} at "
+                         f"column {err.colno}); it starts: {text[start:start + 200]!r}") from err
 
 
 def _percentile(block: Mapping[str, Any], pct: float) -> float:
@@ -98,32 +109,53 @@ def parse_fio_json(data: Mapping[str, Any] | str | Path) -> pd.DataFrame:
     bw_bytes_s (io_bytes / runtime), fio_bw_bytes_s (fio's bw_bytes), iops, total_ios,
     lat_{mean,min,max}_ns, clat_mean_ns, clat_p{50,90,99,99_9}_ns, lat_p..._ns (NaN unless
     the job set lat_percentiles), rw, bs, iodepth, numjobs, ioengine, direct, filename.
+    A report without a field this needs raises ValueError naming the file (or "fio report")
+    and the job.
     """
+    source = "fio report" if isinstance(data, Mapping) else str(data)
     report = data if isinstance(data, Mapping) else load_fio_json(data)
-    if "jobs" not in report:
-        raise ValueError("not a fio JSON report: no 'jobs' key")
-    base = dict(report.get("global options", {}))
+    if not isinstance(report.get("jobs"), list):
+        raise ValueError(f"{source}: not a fio JSON report: no 'jobs' key with a list of jobs")
     rows = []
-    for job in report["jobs"]:
-        options = {**base, **job.get("job options", {})}
-        moved = [d for d in DIRECTIONS if d in job and job[d]["total_ios"] > 0]
-        for direction in moved or [d for d in DIRECTIONS if d in job][:1]:
-            rows.append(_direction_row(job, direction, options))
+    for index, job in enumerate(report["jobs"]):
+        try:
+            rows.extend(_job_rows(job, report.get("global options") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
+            name = job.get("jobname") if isinstance(job, Mapping) else None
+            raise ValueError(f"{source}: job {index} ({name!r}): missing or malformed field "
+                             f"({type(err).__name__}: {err})") from err
     return pd.DataFrame(rows)
 
 
+def _job_rows(job: Mapping[str, Any], global_options: Mapping[str, Any]) -> list[dict]:
+    """The rows of one job entry (see `parse_fio_json`)."""
+    options = {**global_options, **job.get("job options", {})}
+    moved = [d for d in DIRECTIONS if d in job and job[d]["total_ios"] > 0]
+    return [_direction_row(job, direction, options)
+            for direction in moved or [d for d in DIRECTIONS if d in job][:1]]
+
+
 def fio_errors(data: Mapping[str, Any]) -> list[str]:
-    """'job <name>: error <n> (<strerror>)' for every job entry fio reports an error for."""
+    """'job <name>: error <n> (<strerror>)' for every job entry fio reports an error for
+    (a job entry or error field that cannot be read counts as an error too)."""
     out = []
-    for job in data.get("jobs", []):
-        code = int(job.get("error", 0))
+    jobs = data.get("jobs", [])
+    for job in jobs if isinstance(jobs, list) else [jobs]:
+        try:
+            code = int(job.get("error", 0))
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            out.append(f"job entry {str(job)[:60]!r}: unreadable error field")
+            continue
         if code:
             out.append(f"job {job.get('jobname')!r}: error {code} ({_strerror(code)})")
     return out
 
 
 def _strerror(code: int) -> str:
-    return os.strerror(code)
+    try:
+        return os.strerror(code)
+    except (ValueError, OverflowError):
+        return "unknown error"
 
 
 def group_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -149,11 +181,27 @@ def read_lat_log(path: str | Path, has_offset: bool = True) -> pd.DataFrame:
     apart: the offset, or fio >= 3.2x's priority).
     """
     src = Path(path)
-    raw = pd.read_csv(src, header=None, skipinitialspace=True)
-    if raw.empty or raw.shape[1] < 4:
-        raise ValueError(f"{src}: not a fio latency log (expected >= 4 columns)")
-    extra = (["offset_bytes", "prio"] if has_offset else ["prio"])[:raw.shape[1] - 4]
-    raw.columns = _LOG_BASE + extra
+    data = src.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, reason = not_utf8(err)
+        raise ValueError(f"{src}:{line}: not a fio latency log: {reason}") from err
+    try:
+        raw = pd.read_csv(io.StringIO(text), header=None, skipinitialspace=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        raise ValueError(f"{src}: not a fio latency log ({err})") from err
+    extra = ["offset_bytes", "prio"] if has_offset else ["prio"]
+    if raw.empty or not 4 <= raw.shape[1] <= 4 + len(extra):
+        raise ValueError(f"{src}: not a fio latency log (expected 4 to {4 + len(extra)} "
+                         f"columns, got {raw.shape[1]})")
+    numeric = raw.apply(pd.to_numeric, errors="coerce")
+    bad = (numeric.isna() & raw.notna()).any(axis=1)
+    if bad.any():
+        row = int(bad.idxmax())
+        raise ValueError(f"{src}: not a fio latency log: row {row + 1} is not all numbers: "
+                         f"{raw.loc[row].tolist()}")
+    raw.columns = _LOG_BASE + extra[:raw.shape[1] - 4]
     raw["direction"] = raw.pop("direction_code").map(dict(enumerate(DIRECTIONS)))
     return raw
 

@@ -17,9 +17,11 @@ seed; nothing is seeded globally, so the same spec gives the same workload diges
 from __future__ import annotations
 
 import heapq
+import io
 import json
 import math
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +31,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kvrepro._checks import UNDECODABLE_RE, not_utf8
 from kvrepro.workload.base import (
     SESSION_COLUMNS,
     TOKEN_SOURCES,
@@ -37,7 +40,7 @@ from kvrepro.workload.base import (
     Workload,
     turn_value,
 )
-from kvrepro.workload.trace_replay import Problems, ReadResult, open_text
+from kvrepro.workload.trace_replay import Problems, ReadResult, open_bytes
 
 FIRST_TOKEN_ID = 16
 CONVERSATION_COLUMNS: dict[str, str] = {
@@ -162,8 +165,10 @@ class _LineAt:
         return self.line
 
 
-def _json_array_entries(text: str, problems: Problems) -> Iterator[tuple[int, int, Any]]:
-    """Yield (entry index, 1-based line, entry) of a top-level JSON array, one at a time.
+def _json_array_entries(text: str,
+                        problems: Problems) -> Iterator[tuple[int, int, Any, tuple[int, int]]]:
+    """Yield (entry index, 1-based line, entry, its span in `text`) of a top-level JSON
+    array, one at a time.
 
     Decoding entry by entry lets an error name the entry, and lets `strict=False` keep every
     entry before a truncation or corruption (the rest of the file is then unreadable).
@@ -181,7 +186,7 @@ def _json_array_entries(text: str, problems: Problems) -> Iterator[tuple[int, in
             problems.add(err.lineno, f"entry {index}: malformed JSON ({err.msg}); "
                                      "truncated file? the rest of the file is skipped")
             return
-        yield index, line_at(pos), entry
+        yield index, line_at(pos), entry, (pos, end)
         pos, index = _WHITESPACE.match(text, end).end(), index + 1
         if text.startswith(",", pos):
             pos = _WHITESPACE.match(text, pos + 1).end()
@@ -239,12 +244,30 @@ def sharegpt_turns(messages: list[tuple[str, str]],
     return [(a, o) for a, o in turns]
 
 
+def _sharegpt_text(src: Path, problems: Problems) -> tuple[str, bool]:
+    """The file's text, and whether it holds bytes that are not UTF-8: strict, the first one
+    raises naming its line; lax, they become lone surrogates and their entries are skipped."""
+    try:
+        with open_bytes(src) as handle:
+            data = handle.read()
+    except (EOFError, OSError, zlib.error) as err:
+        raise ValueError(f"{src}: unreadable ({err}); truncated file?") from err
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError as err:
+        line, reason = not_utf8(err)
+        if problems.strict:
+            problems.add(line, reason)
+        return data.decode("utf-8", "surrogateescape"), True
+
+
 def read_sharegpt(path: str | Path, *, tokens_per_char: float = 0.25,
                   strict: bool = True) -> ReadResult:
     """Read a ShareGPT JSON file into the conversation table (`CONVERSATION_COLUMNS`).
 
-    A malformed file or entry raises ValueError naming the file, line, entry index and id;
-    with `strict=False` bad entries are skipped (and listed) and the rest is kept. After
+    A malformed file or entry (bytes that are not UTF-8 included) raises ValueError naming
+    the file, line, entry index and id; with `strict=False` bad entries are skipped (and
+    listed) and the rest is kept. After
     malformed JSON (e.g. a truncated file) nothing further can be parsed: the entries before
     it are kept and the rest counts as one skipped problem. Entries decode one at a time
     (`json.JSONDecoder.raw_decode`) so that errors can name the entry.
@@ -253,14 +276,12 @@ def read_sharegpt(path: str | Path, *, tokens_per_char: float = 0.25,
     if not src.is_file():
         raise FileNotFoundError(f"ShareGPT file not found: {src}")
     problems, rows = Problems(src, strict), []
-    try:
-        with open_text(src) as handle:
-            text = handle.read()
-    except (EOFError, OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{src}: unreadable ({err}); truncated or not UTF-8 text?") from err
-    for index, line, entry in _json_array_entries(text, problems):
+    text, undecodable = _sharegpt_text(src, problems)
+    for index, line, entry, (start, end) in _json_array_entries(text, problems):
         source_id = str(entry.get("id", f"#{index}")) if isinstance(entry, dict) else f"#{index}"
         try:
+            if undecodable and UNDECODABLE_RE.search(text, start, end):
+                raise ValueError("holds bytes that are not UTF-8 text")
             turns = sharegpt_turns(_sharegpt_messages(entry), tokens_per_char)
         except ValueError as err:
             problems.add(line, f"entry {index} (id {source_id!r}): {err}")
@@ -275,6 +296,7 @@ def read_sharegpt(path: str | Path, *, tokens_per_char: float = 0.25,
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BAD_ROW = "\x00"
+_UNDECODABLE_ROW = "\x01"
 
 
 def _keep_bad_row(fields: list[str]) -> list[str]:
@@ -291,15 +313,60 @@ def _azure_problems(raw: pd.DataFrame) -> pd.Series:
               (stamp.isna(), "TIMESTAMP is not a date-time")]
     for name, low in (("ContextTokens", 1), ("GeneratedTokens", 0)):
         value = pd.to_numeric(raw[name], errors="coerce")
-        checks.append(((value.isna()) | (value % 1 != 0) | (value < low),
+        checks.append(((value.isna()) | (value % 1 != 0) | (value < low) | (value >= 2**63),
                        f"{name} must be an integer >= {low}"))
     for bad, text in reversed(checks):
         reason = reason.mask(bad, text)
     for index in reason.index[reason != ""]:
         text = raw.at[index, "TIMESTAMP"]
+        if text.startswith(_UNDECODABLE_ROW):  # its TIMESTAMP is no date: flagged above
+            reason[index] = text[1:]
+            continue
         text = text[1:] if text.startswith(_BAD_ROW) else ",".join(raw.loc[index])
         reason[index] += f" (got {text[:80]!r})"
     return reason
+
+
+def _azure_text(src: Path) -> str:
+    """The CSV's text (plain or .gz), each line that is not UTF-8 replaced by one marked row
+    saying why, so that it is one bad row with its own line number."""
+    with open_bytes(src) as handle:
+        data = handle.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    lines = []
+    for raw in data.split(b"\n"):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            lines.append(f"{_UNDECODABLE_ROW}{not_utf8(err)[1]},,")
+    return "\n".join(lines)
+
+
+def _azure_rows(src: Path) -> pd.DataFrame:
+    """The CSV's non-blank rows as text, indexed by line - 2 (the header is line 1).
+
+    Read without a header, then the first row names the columns: with `header=0` pandas
+    takes a first data row with one field too many as a sign that the file has an index
+    column, and shifts every row by one column.
+    """
+    try:
+        raw = pd.read_csv(io.StringIO(_azure_text(src)), header=None, dtype=str,
+                          engine="python", skip_blank_lines=False, keep_default_na=False,
+                          on_bad_lines=_keep_bad_row)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, EOFError, OSError,
+            zlib.error) as err:
+        raise ValueError(f"{src}:1: unreadable CSV ({err})") from err
+    header = [str(name) for name in raw.iloc[0]] if len(raw) else []
+    missing = [name for name in _AZURE_COLUMNS if header.count(name) != 1]
+    if missing:
+        raise ValueError(f"{src}:1: missing column(s) {missing}; header is {header} (each "
+                         "column must appear once)")
+    raw = raw.iloc[1:].set_axis(header, axis=1)
+    raw = raw[list(_AZURE_COLUMNS)].fillna("").set_axis(raw.index - 1, axis=0)
+    return raw[(raw != "").any(axis=1)]
 
 
 def read_azure_trace(path: str | Path, *, strict: bool = True) -> ReadResult:
@@ -313,16 +380,7 @@ def read_azure_trace(path: str | Path, *, strict: bool = True) -> ReadResult:
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f"Azure trace not found: {src}")
-    try:
-        raw = pd.read_csv(src, dtype=str, engine="python", skip_blank_lines=False,
-                          keep_default_na=False, on_bad_lines=_keep_bad_row)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise ValueError(f"{src}:1: unreadable CSV ({err})") from err
-    missing = [name for name in _AZURE_COLUMNS if name not in raw.columns]
-    if missing:
-        raise ValueError(f"{src}:1: missing column(s) {missing}; header is {list(raw.columns)}")
-    raw = raw[list(_AZURE_COLUMNS)].fillna("")
-    raw = raw[(raw != "").any(axis=1)]
+    raw = _azure_rows(src)
     problems, reasons = Problems(src, strict), _azure_problems(raw)
     for index, reason in reasons[reasons != ""].items():
         problems.add(int(index) + 2, reason)

@@ -16,7 +16,8 @@ Formats (one JSON object per line, plain or gzip):
 
 Readers return a `ReadResult`: a tidy frame (`arrival_s`, `input_length`, `output_length`,
 `hash_ids` as tuples of int, `line`, plus `chat_id`, `parent_chat_id`, `trace_turn`,
-`request_type` for Qwen-Bailian) and the lines skipped with `strict=False`.
+`request_type` for Qwen-Bailian) and the lines skipped with `strict=False` (a line that is not
+UTF-8 is one of them: lines are decoded one at a time).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -33,6 +35,7 @@ from typing import IO, Any, Literal
 import numpy as np
 import pandas as pd
 
+from kvrepro._checks import not_utf8
 from kvrepro.workload.base import (
     SESSION_COLUMNS,
     TOKEN_SOURCES,
@@ -90,27 +93,29 @@ class Problems:
             {"line": "int64", "reason": "object"})
 
 
-def open_text(path: Path) -> IO[str]:
-    """Open a text file, transparently decompressing `.gz`."""
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+def open_bytes(path: Path) -> IO[bytes]:
+    """Open a file for reading bytes, transparently decompressing `.gz`."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 
 def _json_lines(path: Path, problems: Problems) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, parsed object) for each non-blank line; bad JSON goes to problems."""
+    """Yield (line number, parsed object) for each non-blank line; a line that is not UTF-8
+    or not JSON goes to problems. Lines are decoded one by one (a text-mode file decodes in
+    chunks, so one bad byte would end the file at an earlier line)."""
     line_no = 0
     try:
-        with open_text(path) as handle:
-            for line_no, text in enumerate(handle, start=1):
-                if not text.strip():
+        with open_bytes(path) as handle:
+            for line_no, raw in enumerate(handle, start=1):
+                if not raw.strip():
                     continue
                 try:
-                    yield line_no, json.loads(text)
+                    yield line_no, json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError as err:
+                    problems.add(line_no, f"{not_utf8(err)[1]}; corrupted line?")
                 except json.JSONDecodeError as err:
                     problems.add(line_no, f"malformed JSON ({err.msg} at column {err.colno}); "
                                           "truncated or corrupted line?")
-    except (EOFError, OSError, UnicodeDecodeError) as err:
+    except (EOFError, OSError, zlib.error) as err:
         problems.add(line_no + 1, f"unreadable after this point ({err}); truncated file?")
 
 

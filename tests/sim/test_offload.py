@@ -6,23 +6,13 @@ import math
 
 import pytest
 
-from kvrepro.engines.sim.config import OffloadTier, SimTier
+from kvrepro.engines.sim.config import SimTier
 from kvrepro.engines.sim.offload import Channel, ChunkStore, OffloadHierarchy
-
-KV_BYTES = 1000  # per token
-CHUNK = 4  # tokens per chunk
-CHUNK_BYTES = CHUNK * KV_BYTES
-
-
-def _store(name: str = "dram", chunks: int = 3, **kw: object) -> OffloadTier:
-    params = dict(name=name, capacity_bytes=chunks * CHUNK_BYTES, read_bw_bytes_s=1e6,
-                  write_bw_bytes_s=1e6, chunk_tokens=CHUNK)
-    params.update(kw)
-    return OffloadTier(**params)
+from tests.sim.conftest import CHUNK_BYTES, KV_BYTES, offload_tier
 
 
 def test_lru_store_evicts_least_recently_used() -> None:
-    store = ChunkStore(_store(chunks=3), KV_BYTES)
+    store = ChunkStore(offload_tier(chunks=3), KV_BYTES)
     for cid in (1, 2, 3):
         assert store.insert(cid, 0.0, 0.0) == -1
     store.touch([1], 1.0)
@@ -32,7 +22,7 @@ def test_lru_store_evicts_least_recently_used() -> None:
 
 
 def test_ttl_store_expires_unused_chunks() -> None:
-    store = ChunkStore(_store(chunks=10, eviction="ttl", ttl_s=5.0), KV_BYTES)
+    store = ChunkStore(offload_tier(chunks=10, eviction="ttl", ttl_s=5.0), KV_BYTES)
     store.insert(1, 0.0, 0.0)
     store.insert(2, 3.0, 3.0)
     store.touch([1], 4.0)
@@ -43,7 +33,7 @@ def test_ttl_store_expires_unused_chunks() -> None:
 
 
 def test_store_without_eviction_keeps_what_it_holds_and_counts_rejections() -> None:
-    off = OffloadHierarchy(SimTier(offload=[_store(chunks=3, eviction="none")]), KV_BYTES)
+    off = OffloadHierarchy(SimTier(offload=[offload_tier(chunks=3, eviction="none")]), KV_BYTES)
     off.write([1, 2], 0.0)
     off.write([3, 4, 5], 1.0)  # room for 3 only
     store = off.stores[0]
@@ -58,7 +48,7 @@ def test_store_without_eviction_keeps_what_it_holds_and_counts_rejections() -> N
 
 
 def test_run_length_ignores_chunks_still_being_written() -> None:
-    store = ChunkStore(_store(chunks=10), KV_BYTES)
+    store = ChunkStore(offload_tier(chunks=10), KV_BYTES)
     store.insert(1, 0.0, 0.0)
     store.insert(2, 5.0, 5.0)
     assert store.run_length([1, 2, 3], 0, 1.0) == 1
@@ -75,8 +65,9 @@ def test_channel_is_a_fifo_server() -> None:
 
 
 def _hierarchy(**tier: object) -> OffloadHierarchy:
-    stores = tier.pop("offload", [_store("staging", 2), _store("flash", 100, read_bw_bytes_s=
-                                                                   2e5, chunk_read_latency_s=0.01)])
+    stores = tier.pop("offload", [offload_tier("staging", 2),
+                                  offload_tier("flash", 100, read_bw_bytes_s=2e5,
+                                               chunk_read_latency_s=0.01)])
     return OffloadHierarchy(SimTier(offload=stores, **tier), KV_BYTES)
 
 
@@ -129,7 +120,7 @@ def test_write_through_writes_every_store_and_skips_present_chunks() -> None:
 
 
 def test_writes_past_the_backlog_bound_are_dropped() -> None:
-    store = _store("dram", 100, write_bw_bytes_s=CHUNK_BYTES, max_write_backlog_s=2.0)
+    store = offload_tier("dram", 100, write_bw_bytes_s=CHUNK_BYTES, max_write_backlog_s=2.0)
     off = _hierarchy(offload=[store])
     off.write(list(range(10)), 0.0)  # 1 s per chunk: chunks 0-2 start within 2 s
     assert len(off.stores[0].entries) == 3
@@ -145,7 +136,7 @@ def test_write_back_demotes_evicted_chunks() -> None:
 
 
 def test_zero_capacity_store_takes_nothing() -> None:
-    off = _hierarchy(offload=[_store("dram", 0)])
+    off = _hierarchy(offload=[offload_tier("dram", 0)])
     off.write([1, 2], 0.0)
     assert not off.stores[0].entries and off.bytes_written == [0]
     assert off.lookup([1, 2], 1.0) == [0]

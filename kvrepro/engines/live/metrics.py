@@ -322,11 +322,19 @@ def _interval_increase(values: pd.Series) -> pd.Series:
     return step.where(step >= 0, values)
 
 
+def _filled_counter(values: pd.Series) -> pd.Series:
+    """A counter's values in time order with its gaps filled: the last value seen carries
+    forward (a scrape that lacks a series already seen says nothing about it; reading it as 0
+    made the next sample look like a reset and counted the whole total again), and only the
+    leading gap is 0 (a labelled series appears when first incremented)."""
+    return values.astype("float64").ffill().fillna(0.0)
+
+
 def _rates_one(frame: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
-    frame = frame.sort_values("time_s")
+    frame = frame.sort_values("time_s", kind="stable")
     out = pd.DataFrame({"time_s": frame["time_s"], "interval_s": frame["time_s"].diff()})
     for col in columns:
-        out[col] = _interval_increase(frame[col])
+        out[col] = _interval_increase(_filled_counter(frame[col]))
         out[f"{col}_per_s"] = out[col] / out["interval_s"]
     for col in columns:
         if col.endswith("_hits_tokens") and col.replace("_hits_", "_queries_") in columns:
@@ -345,9 +353,13 @@ def counter_rates(samples: pd.DataFrame, columns: Sequence[str] | None = None,
     the rate; for each `X_hits_tokens` / `X_queries_tokens` pair, `X_hit_share` is
     hits / queries over the interval (NaN when nothing was queried). Failed scrapes (rows
     with a `scrape_error`) are skipped, so an interval spans the gap. A counter missing from a
-    good sample counts as 0: labelled series appear only when first incremented. `columns`
-    defaults to every cumulative key present; `by` (e.g. "tier") differences each group
-    separately.
+    good sample keeps the last value seen in its group (an increase of 0 there, then the
+    whole change since at the next sample that has it), not 0, which would read as a reset and
+    count the total again; before its first value it counts as 0 (labelled series appear only
+    when first incremented). A drop is a server restart: the new value is the increase. A
+    series that vanished at a restart and came back above its old value is undercounted (the
+    samples cannot tell that case apart). `columns` defaults to every cumulative key present;
+    `by` (e.g. "tier") differences each group separately.
     """
     if columns is None:
         columns = [c for c in samples.columns if is_cumulative(str(c))]
@@ -356,7 +368,6 @@ def counter_rates(samples: pd.DataFrame, columns: Sequence[str] | None = None,
     if "scrape_error" in samples:
         error = samples["scrape_error"]
         good = samples[error.isna() | (error.astype(str) == "")]
-    good = good.assign(**{c: good[c].astype("float64").fillna(0.0) for c in columns})
     if by is None:
         return _rates_one(good, list(columns)).reset_index(drop=True)
     keys = [by] if isinstance(by, str) else list(by)

@@ -152,23 +152,30 @@ class ManagedProcess:
             raise self.died("mid-run")
 
     def stop(self, grace_s: float = 20.0) -> int | None:
-        """Terminate the whole process group; never raises. Returns the exit code."""
+        """Terminate the whole process group; returns the exit code (None when the process
+        did not exit, e.g. stuck in D state after SIGKILL). Raises nothing of its own: a
+        process that outlives both waits is left reported by its missing code, so the run's
+        own error is what the caller sees. The group is SIGKILLed and the log closed even
+        when a Ctrl-C interrupts the waits (that interrupt is then passed on)."""
         proc, self.process = self.process, None
-        if proc is not None:
-            self.pids |= group_pids(proc.pid)
-            _signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc.pid, signal.SIGKILL)
+        try:
+            if proc is not None:
+                self.pids |= group_pids(proc.pid)
+                _signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=grace_s)
                 except subprocess.TimeoutExpired:
-                    pass  # unkillable (D state): reported by its missing exit code
-            _signal_group(proc.pid, signal.SIGKILL)  # stray children of the group
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+                    _signal_group(proc.pid, signal.SIGKILL)
+                    try:
+                        proc.wait(timeout=grace_s)
+                    except subprocess.TimeoutExpired:
+                        pass  # unkillable (D state): reported by its missing exit code
+        finally:
+            if proc is not None:
+                _signal_group(proc.pid, signal.SIGKILL)  # stray children of the group
+            if self._log is not None:
+                self._log.close()
+                self._log = None
         return proc.returncode if proc is not None else None
 
 

@@ -13,8 +13,10 @@ log, so the reason is on screen, not buried in a file.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,8 @@ from kvrepro.engines.live.tiers import (
 
 __all__ = ["ServerError", "VllmServer", "log_tail", "port_in_use"]
 
+log = logging.getLogger(__name__)
+
 
 def _resolve_model(tier: TierConfig) -> str:
     if tier.model != TINY_MODEL:
@@ -66,7 +70,13 @@ class VllmServer:
     """A running vLLM server for one tier (context manager: start on enter, stop on exit)."""
 
     def __init__(self, tier: TierConfig, run_dir: str | Path, python: str | None = None,
-                 health_poll_s: float = 0.5):
+                 health_poll_s: float = 0.5, external_lmcache: bool = False):
+        # external_lmcache: the LMCache server is someone else's (a fleet's shared pool,
+        # kvrepro.engines.live.fleet_deploy): connect to its ports; start and clean up none of it
+        self.external_lmcache = external_lmcache
+        if external_lmcache and (tier.lmcache_mp is None or tier.lmcache_mp.port is None):
+            raise ValueError(f"tier {tier.name!r}: an external LMCache server needs "
+                             "lmcache_mp with its port set")
         self.tier = with_free_ports(tier)
         self.run_dir = Path(run_dir)
         self.python = python or os.environ.get("KVREPRO_VLLM_PYTHON") or sys.executable
@@ -76,7 +86,7 @@ class VllmServer:
         self.lmcache: ManagedProcess | None = None
         self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
                                 self.tier.allow_existing_disk_files)
-                     if self.tier.disk_dir else None)
+                     if self.tier.disk_dir and not external_lmcache else None)
         self.shm: SharedMemory | None = None
         self.cleaned: dict[str, Any] = {}
 
@@ -133,7 +143,7 @@ class VllmServer:
         self.shm = SharedMemory()
         if self.disk is not None:
             self.disk.prepare()
-        if self.tier.lmcache_mp is not None:
+        if self.tier.lmcache_mp is not None and not self.external_lmcache:
             self._start_lmcache(env)
         self.vllm = ManagedProcess(f"vLLM server for tier {self.tier.name!r}", command,
                                    self.log_path, env, f"{self.base_url}/health")
@@ -159,18 +169,42 @@ class VllmServer:
             raise ServerError(f"vLLM server for tier {self.tier.name!r} is not running")
 
     def stop(self, grace_s: float = 20.0) -> int | None:
-        """Stop vLLM, then the LMCache server; remove their leftovers. Never raises."""
-        code = self.vllm.stop(grace_s) if self.vllm else None
-        if self.lmcache is not None:
-            self.lmcache.stop(grace_s)
-        pids = set().union(*(p.pids for p in (self.vllm, self.lmcache) if p is not None))
-        wait_gone(pids)  # a segment is left alone while a dying process still maps it
-        if self.shm is not None:
-            self.cleaned["shm_segments"] = self.shm.cleanup(pids)
-        if self.disk is not None:
-            self.cleaned["disk_files"] = self.disk.cleanup()
-        self.vllm = self.lmcache = None
+        """Stop vLLM, then the LMCache server; remove their leftovers; vLLM's exit code.
+
+        Raises nothing of its own, so `__exit__` passes on the run's error: a failed clean-up
+        step is logged and listed in `cleaned["errors"]` (the run's meta keeps it), and each
+        step runs even when one before it failed or a Ctrl-C interrupted it.
+        """
+        code = None
+        try:
+            code = self.vllm.stop(grace_s) if self.vllm else None
+        finally:
+            try:
+                if self.lmcache is not None:
+                    self.lmcache.stop(grace_s)
+            finally:
+                self._remove_leftovers()
         return code
+
+    def _remove_leftovers(self) -> None:
+        """Remove the stopped processes' shared memory and the run's flash-folder files."""
+        procs = [p for p in (self.vllm, self.lmcache) if p is not None]
+        pids: set[int] = set().union(*(p.pids for p in procs))
+        self.vllm = self.lmcache = None
+        wait_gone(pids)  # a segment is left alone while a dying process still maps it
+        shm, disk = self.shm, self.disk
+        if shm is not None:
+            self._clean_up_step("shm_segments", lambda: shm.cleanup(pids))
+        if disk is not None:
+            self._clean_up_step("disk_files", disk.cleanup)
+
+    def _clean_up_step(self, key: str, step: Callable[[], Any]) -> None:
+        """Run one clean-up step into `cleaned[key]`; an OS error is logged and kept."""
+        try:
+            self.cleaned[key] = step()
+        except OSError as err:
+            log.warning("tier %r: clean-up of %s failed: %s", self.tier.name, key, err)
+            self.cleaned.setdefault("errors", []).append(f"{key}: {err}")
 
     def __enter__(self) -> VllmServer:
         try:

@@ -83,6 +83,9 @@ class TierConfig(BaseModel):
     kind: Literal["baseline", "dram", "flash", "native_offload"]
     model: str = Field(description="path, hub name, or kvrepro:tiny")
     served_model_name: str | None = None
+    served_model_aliases: list[str] = Field(
+        default_factory=list, description="more names after the first (vLLM answers with the "
+        "first: a fleet gives each instance its own first name and all a common alias)")
     host: str = "127.0.0.1"
     port: int = Field(8000, gt=0, lt=65536)
     tensor_parallel_size: int = Field(1, gt=0)
@@ -175,7 +178,7 @@ def server_args(tier: TierConfig, model_path: str | None = None) -> list[str]:
             "--tensor-parallel-size", str(tier.tensor_parallel_size),
             "--enable-prefix-caching", "--enable-prompt-tokens-details"]
     if tier.served_model_name:
-        args += ["--served-model-name", tier.served_model_name]
+        args += ["--served-model-name", tier.served_model_name, *tier.served_model_aliases]
     for flag, value in (("--max-num-batched-tokens", tier.max_num_batched_tokens),
                         ("--max-num-seqs", tier.max_num_seqs), ("--dtype", tier.dtype)):
         if value is not None:

@@ -11,6 +11,10 @@ unless `hard_end_s` stops the clock first. Every request that arrived is then ei
 records (finished, or failed because it exceeds max_model_len) or counted in the stats as
 still running, waiting or loading at the end: stats["arrived"] == stats["finished"] +
 stats["failed"] + stats["unfinished"].
+
+The loop runs a list of servers (`schedulers`, one plan each) on one clock: one here, N in a
+fleet (`kvrepro.engines.sim.fleet.FleetEngine`, which overrides the hooks `_make_schedulers`,
+`_route`, `_record`, `_sample_rows` and `stats`). Events of a server carry its `instance`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from kvrepro.engines.sim.config import SimProfile, SimTier, as_profile
+from kvrepro.engines.sim.config import ServerProfile, SimProfile, SimTier, as_profile
 from kvrepro.engines.sim.entities import Request, TurnTable
 from kvrepro.engines.sim.events import (
     EventQueue,
@@ -43,6 +47,8 @@ from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.base import Workload
 
 ENGINE = "sim"
+UNFINISHED_KEYS = ("running_at_end", "waiting_at_end", "loading_at_end", "unfinished")
+"""Stats of the requests still in a server at the end (their sum: `unfinished`)."""
 
 
 @dataclass
@@ -64,7 +70,8 @@ class Engine:
         server = profile.server_for(tier.name)
         self.table = TurnTable.from_workload(workload)
         self.identity = BlockIdentity(workload)
-        self.scheduler = Scheduler(server, tier, StepTimer(server))
+        self.schedulers = self._make_schedulers(server, tier)
+        self.plans: list[StepPlan | None] = [None] * len(self.schedulers)
         self.tier_name, self.sink = tier.name, sink
         self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
         self.store_names = [store.name for store in tier.offload]
@@ -76,10 +83,18 @@ class Engine:
         self.max_in_flight, self.in_flight = max_in_flight, 0
         self.backlog: deque[TurnArrival] = deque()
         self.queue = EventQueue()
-        self.plan: StepPlan | None = None
         self.now_s = 0.0
         self.counts = {"arrived": 0, "finished": 0, "failed": 0, "turns_not_sent": 0}
         self._next_rid = 0
+
+    def _make_schedulers(self, server: ServerProfile, tier: SimTier) -> list[Scheduler]:
+        """The servers this engine runs: one."""
+        return [Scheduler(server, tier, StepTimer(server))]
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The first (for a single-server engine: the only) server."""
+        return self.schedulers[0]
 
     # ------------------------------------------------------------------ the loop
 
@@ -94,7 +109,8 @@ class Engine:
                   desc=f"sim {self.tier_name}") as bar:
             self._loop(bar)
         if not self.sink.samples or self.sink.samples[-1]["time_s"] != self.now_s:
-            self.sink.add_sample(self._sample())
+            for row in self._sample_rows():
+                self.sink.add_sample(row)
 
     def _loop(self, bar: Any) -> None:
         queue, handlers = self.queue, {
@@ -120,29 +136,32 @@ class Engine:
             return
         self.queue.push(TurnArrival(send_s, session_pos, turn_pos))
 
-    def _wake(self) -> None:
-        if self.plan is None:
-            self._start_step()
+    def _wake(self, instance: int) -> None:
+        if self.plans[instance] is None:
+            self._start_step(instance)
 
-    def _start_step(self) -> None:
-        self.plan = self.scheduler.schedule(self.now_s)
-        for load in self.scheduler.take_new_loads():
+    def _start_step(self, instance: int) -> None:
+        sched = self.schedulers[instance]
+        plan = self.plans[instance] = sched.schedule(self.now_s)
+        for load in sched.take_new_loads():
             self.queue.push(load)
-        if self.plan is not None:
-            self.queue.push(StepEnd(self.now_s + self.plan.duration_s,
-                                    self.scheduler.counters.steps))
+        if plan is not None:
+            self.queue.push(StepEnd(self.now_s + plan.duration_s, sched.counters.steps,
+                                    instance))
 
     # ------------------------------------------------------------------ handlers
 
     def _arrive(self, event: TurnArrival) -> None:
-        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
-            self.backlog.append(event)  # sent when a request in flight finishes
-            return
-        self.in_flight += 1
+        if not event.reserved:
+            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+                self.backlog.append(event)  # sent when a request in flight finishes
+                return
+            self.in_flight += 1
         table, row = self.table, self.table.rows[event.session_pos][event.turn_pos]
         self.counts["arrived"] += 1
         prompt, output = table.prompt_tokens[row], max(1, table.output_tokens[row])
         req = self._request(event, row, prompt, output)
+        instance = self._route(req)
         if prompt + output > self.max_model_len:
             req.finish_s = self.now_s
             self.counts["failed"] += 1
@@ -152,17 +171,33 @@ class Engine:
             self.counts["turns_not_sent"] += len(table.rows[event.session_pos]) - \
                 event.turn_pos - 1  # like the live client, an error ends the session
             self._release_slot()
+            self._left(req)
             return
-        self.scheduler.waiting.append(req)
-        self._wake()
+        self.schedulers[instance].waiting.append(req)
+        self._wake(instance)
+
+    def _route(self, req: Request) -> int:
+        """The server a new request goes to (the router's choice): here the only one."""
+        return 0
+
+    def _left(self, req: Request) -> None:
+        """A request left its server (finished or failed): nothing to do here; a fleet's
+        router counts the requests in flight per server."""
 
     def _release_slot(self) -> None:
-        """A request left the server: send the longest-waiting turn, if the run is still on."""
+        """A request left the server: send the longest-waiting turn, if the run is still on.
+
+        The freed slot goes to that turn at once (`TurnArrival.reserved`): were it left free
+        until the turn's arrival event, a turn becoming due at the same instant (the next
+        turn of a session that finished in the same step) could take it first and push the
+        waiting turn to the back of the backlog."""
         self.in_flight -= 1
         while self.backlog:
             waiting = self.backlog.popleft()
             if self.now_s < self.duration_s:
-                self.queue.push(TurnArrival(self.now_s, waiting.session_pos, waiting.turn_pos))
+                self.in_flight += 1
+                self.queue.push(TurnArrival(self.now_s, waiting.session_pos, waiting.turn_pos,
+                                            reserved=True))
                 return
             rows = self.table.rows[waiting.session_pos]
             self.counts["turns_not_sent"] += len(rows) - waiting.turn_pos
@@ -184,42 +219,49 @@ class Engine:
         return req
 
     def _step_end(self, event: StepEnd) -> None:
-        finished = self.scheduler.complete(self.plan, self.now_s)
-        self.plan = None
+        instance = event.instance
+        finished = self.schedulers[instance].complete(self.plans[instance], self.now_s)
+        self.plans[instance] = None
         for req in finished:
             self.counts["finished"] += 1
             self._release_slot()
             self.sink.add_record(self._record(req))
+            self._left(req)
             rows = self.table.rows[req.session_pos]
             nxt = req.turn_pos + 1
             if nxt < len(rows):
                 send_s = self.table.send_s(rows[nxt], self.now_s + self._front_end(req), 0.0)
                 self._issue(req.session_pos, nxt, send_s)
-        self._start_step()
+        self._start_step(instance)
 
     def _load_done(self, event: LoadDone) -> None:
-        self.scheduler.on_load_done(event.request)
-        self._wake()
+        self.schedulers[event.instance].on_load_done(event.request)
+        self._wake(event.instance)
 
     def _lookup_done(self, event: LookupDone) -> None:
-        self._wake()
+        self._wake(event.instance)
 
     def _take_sample(self, event: Sample) -> None:
-        self.sink.add_sample(self._sample())
-        if self.queue or self.plan is not None:
+        for row in self._sample_rows():
+            self.sink.add_sample(row)
+        if self.queue or any(plan is not None for plan in self.plans):
             self.queue.push(Sample(self.now_s + self.sample_interval_s))
-        elif self.scheduler.has_work():
-            sched = self.scheduler
+            return
+        for instance, sched in enumerate(self.schedulers):
+            if not sched.has_work():
+                continue
             raise RuntimeError(
-                f"simulation stalled at {self.now_s:.3f} s: {len(sched.waiting)} waiting, "
+                f"simulation stalled at {self.now_s:.3f} s on server {instance}: "
+                f"{len(sched.waiting)} waiting, "
                 f"{len(sched.ready)} loaded, no step can run and no event is due "
                 f"(GPU blocks used {sched.gpu.used_blocks} of {sched.gpu.capacity_blocks}, "
                 f"{sched.gpu.evictable_blocks} evictable)")
 
     # ------------------------------------------------------------------ outputs
 
-    def _sample(self) -> dict[str, Any]:
-        return sample_row(self.now_s, self.scheduler)
+    def _sample_rows(self) -> list[dict[str, Any]]:
+        """The server samples taken now: one row (a fleet: one per server)."""
+        return [sample_row(self.now_s, self.scheduler)]
 
     def _front_end(self, req: Request) -> float:
         """The API server's time on a request, on top of the engine's (a constant, and the
@@ -246,13 +288,17 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Counts that account for every request, plus cache and tier totals."""
-        sched = self.scheduler
+        server = self.server_stats(self.scheduler)
+        unfinished = {key: server.pop(key) for key in UNFINISHED_KEYS}
+        return {**self.counts, **unfinished, "end_s": self.now_s,
+                "client_waiting_at_end": len(self.backlog), **server}
+
+    def server_stats(self, sched: Scheduler) -> dict[str, Any]:
+        """One server's unfinished requests, GPU cache, counters and store totals."""
         unfinished = {"running_at_end": len(sched.running),
                       "waiting_at_end": len(sched.waiting) + len(sched.ready),
                       "loading_at_end": sched.loading}
-        out: dict[str, Any] = {**self.counts, **unfinished,
-                               "unfinished": sum(unfinished.values()), "end_s": self.now_s,
-                               "client_waiting_at_end": len(self.backlog),
+        out: dict[str, Any] = {**unfinished, "unfinished": sum(unfinished.values()),
                                "gpu_capacity_blocks": sched.gpu.capacity_blocks,
                                "gpu_evicted_blocks": sched.gpu.evicted_blocks}
         out.update({k: getattr(sched.counters, k) for k in sched.counters.__slots__})

@@ -4,7 +4,8 @@ One small dataclass per event type. The queue orders events by (time, kind, seq)
 times a finished load and an arriving turn are handled before a step ends, so the step that
 starts then already sees them, and a sample comes last, seeing the state after everything
 else at that instant. `seq` (order of pushing) breaks the remaining ties, so a run is
-deterministic.
+deterministic. In a fleet (`kvrepro.engines.sim.fleet`) all servers share one queue and one
+clock; the events of one server carry its `instance` (0 for a single server).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class LoadDone:
 
     time_s: float
     request: Request
+    instance: int = 0
     kind: ClassVar[int] = EventKind.LOAD_DONE
 
 
@@ -43,6 +45,7 @@ class LookupDone:
 
     time_s: float
     request: Request
+    instance: int = 0
     kind: ClassVar[int] = EventKind.LOOKUP_DONE
 
 
@@ -53,6 +56,9 @@ class TurnArrival:
     time_s: float
     session_pos: int
     turn_pos: int
+    reserved: bool = False
+    """Sent from the client's backlog: the slot it takes was reserved when it was freed, so
+    no turn that became due later can take it first (FIFO)."""
     kind: ClassVar[int] = EventKind.ARRIVAL
 
 
@@ -62,6 +68,7 @@ class StepEnd:
 
     time_s: float
     step: int
+    instance: int = 0
     kind: ClassVar[int] = EventKind.STEP_END
 
 

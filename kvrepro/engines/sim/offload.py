@@ -32,6 +32,10 @@ How an LRU store makes room follows the LMCache that serves it:
   only the last store gets it, and loads from it are not staged in the faster ones: in the
   live flash tier (data/live/cpu_tiny_lmcache/flash) LMCache reported every hit from L2 and
   none from L1, its L1 only passing the L2 reads through.
+* network: stores reached over a network (a fleet's shared pool, `kvrepro.engines.sim.fleet`)
+  add `network_latency_s` to every transfer: a load ends that much later, a written chunk is
+  present that much later. The latency delays a transfer without occupying its channel (the
+  hop is pipelined: the next transfer's bytes follow on the wire).
 """
 
 from __future__ import annotations
@@ -93,7 +97,14 @@ def read_channel(config: OffloadTier) -> Channel:
 
 
 class ChunkStore:
-    """One store: chunk id -> time it was last written or used, in LRU order."""
+    """One store: chunk id -> time it was last written or used, in LRU order.
+
+    A chunk's time is when its write ends (possibly after now: writes queue on the channel)
+    or when it was last used, so the LRU order is not the order of those times. A TTL store
+    therefore keeps a min-heap of (time, chunk id) pushed at every insert and touch, and
+    expires each chunk on its own time: a heap record whose time is no longer the chunk's
+    (touched since, or evicted) is stale and skipped, O(log n) amortised per operation.
+    """
 
     def __init__(self, config: OffloadTier, kv_bytes_per_token: int):
         self.config = config
@@ -101,6 +112,7 @@ class ChunkStore:
         self.capacity_chunks = capacity_chunks(config, kv_bytes_per_token)
         self.ttl_s = config.ttl_s if config.eviction == "ttl" else None
         self.entries: OrderedDict[int, float] = OrderedDict()
+        self.expiry_heap: list[tuple[float, int]] = []  # TTL stores only (see the class doc)
         self.evicted_chunks = 0
         self.expired_chunks = 0
         self.rejected_chunks = 0
@@ -120,28 +132,67 @@ class ChunkStore:
         """
         if not self.async_eviction or now_s < self.next_tick_s:
             return
-        tick_s, entries = self.next_tick_s, self.entries
-        if entries and len(entries) >= EVICTION_WATERMARK * self.capacity_chunks:
-            n_evict = max(1, int(EVICTION_RATIO * len(entries)))
+        n_evict, entries = self._due_evictions(now_s), self.entries
+        if n_evict:
             for _ in range(n_evict):
                 entries.popitem(last=False)
             if not self.evicted_chunks:
-                self.first_eviction_s = tick_s
+                self.first_eviction_s = self.next_tick_s
             self.evicted_chunks += n_evict
         self.next_tick_s = (now_s // EVICTION_INTERVAL_S + 1) * EVICTION_INTERVAL_S
+
+    def _due_evictions(self, now_s: float) -> int:
+        """Chunks the eviction loop's ticks up to now evict (async eviction; 0 otherwise)."""
+        n = len(self.entries)
+        if (not self.async_eviction or now_s < self.next_tick_s or not n
+                or n < EVICTION_WATERMARK * self.capacity_chunks):
+            return 0
+        return max(1, int(EVICTION_RATIO * n))
 
     def expire(self, now_s: float) -> None:
         """Drop chunks unused for ttl_s (TTL stores) or due to the eviction loop (async)."""
         self.evict_due(now_s)
         if self.ttl_s is None:
             return
-        entries, limit_s = self.entries, now_s - self.ttl_s
-        while entries:
-            cid, last_s = next(iter(entries.items()))
+        entries, heap, limit_s = self.entries, self.expiry_heap, now_s - self.ttl_s
+        while heap and heap[0][0] <= limit_s:
+            last_s, cid = heapq.heappop(heap)
+            if entries.get(cid) == last_s:  # else stale: touched since, or evicted
+                del entries[cid]
+                self.expired_chunks += 1
+
+    def _expired_by(self, now_s: float) -> int:
+        """How many chunks `expire(now_s)` would drop for their TTL, without dropping them
+        (a walk of the heap's nodes due by then)."""
+        entries, heap, limit_s = self.entries, self.expiry_heap, now_s - self.ttl_s
+        due: set[int] = set()
+        stack = [0] if heap else []
+        while stack:
+            i = stack.pop()
+            last_s, cid = heap[i]
             if last_s > limit_s:
-                break
-            del entries[cid]
-            self.expired_chunks += 1
+                continue
+            if entries.get(cid) == last_s:
+                due.add(cid)
+            stack.extend(j for j in (2 * i + 1, 2 * i + 2) if j < len(heap))
+        return len(due)
+
+    def peek(self, now_s: float) -> tuple[int, int]:
+        """(chunks held, chunks evicted so far) as `expire(now_s)` would leave them, with
+        nothing changed: a server sample reads the store through this."""
+        if self.ttl_s is not None:
+            return len(self.entries) - self._expired_by(now_s), self.evicted_chunks
+        due = self._due_evictions(now_s)
+        return len(self.entries) - due, self.evicted_chunks + due
+
+    def _note(self, cid: int, when_s: float) -> None:
+        """TTL stores: record a chunk's new time in the expiry heap (rebuilt from the
+        entries when stale records outnumber live ones, so it stays O(entries))."""
+        heap = self.expiry_heap
+        heapq.heappush(heap, (when_s, cid))
+        if len(heap) > 4 * len(self.entries) + 1024:
+            heap[:] = [(t, c) for c, t in self.entries.items()]
+            heapq.heapify(heap)
 
     def run_length(self, ids: list[int], start: int, now_s: float) -> int:
         """How many chunks from ids[start] on are present and fully written."""
@@ -159,6 +210,9 @@ class ChunkStore:
         for cid in ids:
             entries.move_to_end(cid)
             entries[cid] = now_s
+        if self.ttl_s is not None:
+            for cid in ids:
+                self._note(cid, now_s)
 
     def admits(self) -> bool:
         """False when full and the store keeps what it holds (eviction "none") or drops new
@@ -183,6 +237,8 @@ class ChunkStore:
             if self.evicted_chunks == 1:
                 self.first_eviction_s = now_s
         entries[cid] = ready_s
+        if self.ttl_s is not None:
+            self._note(cid, ready_s)
         return evicted
 
 
@@ -207,6 +263,10 @@ class StagingBuffer:
             self.held -= heapq.heappop(releases)[1]
         return self.store.capacity_chunks - self.held
 
+    def held_at(self, now_s: float) -> int:
+        """Chunks reserved at `now_s`, without releasing any (for a server sample)."""
+        return self.held - sum(n for until_s, n in self.releases if until_s <= now_s)
+
     def reserve(self, n_chunks: int, until_s: float, now_s: float) -> int:
         """Reserve up to `n_chunks` until `until_s`; return how many it got (the rest are
         counted as refused)."""
@@ -222,7 +282,8 @@ class StagingBuffer:
 class OffloadHierarchy:
     """The offload stores of one tier with their channels and byte counters."""
 
-    def __init__(self, tier: SimTier, kv_bytes_per_token: int):
+    def __init__(self, tier: SimTier, kv_bytes_per_token: int, network_latency_s: float = 0.0):
+        self.network_latency_s = network_latency_s
         self.stores = [ChunkStore(c, kv_bytes_per_token) for c in tier.offload]
         self.names = [s.name for s in self.stores]
         self.chunk_tokens = tier.offload[0].chunk_tokens if tier.offload else 0
@@ -276,7 +337,8 @@ class OffloadHierarchy:
             n = max(0, hi - lo)
             per_store.append(n)
             if n:
-                done_s = max(done_s, self.reads[i].submit(now_s, n, self.chunk_bytes))
+                done_s = max(done_s, self.reads[i].submit(now_s, n, self.chunk_bytes)
+                             + self.network_latency_s)
                 self.bytes_read[i] += n * self.chunk_bytes
             pos += found
         if self.staging is not None:  # skip_l1: LMCache's L1 only passes L2 reads through
@@ -287,22 +349,26 @@ class OffloadHierarchy:
             lo, hi = max(first, pos), min(end, pos + counts[i])
             if hi > lo:
                 for upper in range(i):
-                    self._stage(upper, ids[lo:hi], done_s)
+                    self._stage(upper, ids[lo:hi], done_s, now_s)
             pos += counts[i]
         return done_s, per_store
 
-    def _stage(self, index: int, ids: list[int], ready_s: float) -> None:
+    def _stage(self, index: int, ids: list[int], ready_s: float, now_s: float) -> None:
+        """Copy chunks read from a lower store into store `index`: room is made (evictions,
+        refusals, demotions) now, when the load is issued; the copies are present from
+        `ready_s`, the load's end. Running any of it at `ready_s` would stamp evictions
+        (`first_eviction_s`) and eviction-loop ticks in the future."""
         store = self.stores[index]
         if store.capacity_chunks == 0:
             return
-        store.evict_due(ready_s)
+        store.evict_due(now_s)
         for cid in ids:
             if cid not in store.entries:
                 if not store.admits():
-                    store.refuse(1, ready_s)
+                    store.refuse(1, now_s)
                     continue
                 self.bytes_written[index] += self.chunk_bytes
-                self._demote(index, store.insert(cid, ready_s, ready_s), ready_s)
+                self._demote(index, store.insert(cid, ready_s, now_s), now_s)
 
     def write(self, ids: list[int], now_s: float) -> None:
         """Store newly computed chunks (write-through: in every store; else the first)."""
@@ -333,19 +399,24 @@ class OffloadHierarchy:
                 continue
             channel.busy_until_s = start_s + chunk_s
             self.bytes_written[index] += self.chunk_bytes
-            self._demote(index, store.insert(cid, channel.busy_until_s, now_s), now_s)
+            self._demote(index, store.insert(cid, channel.busy_until_s + self.network_latency_s,
+                                             now_s), now_s)
 
     def _demote(self, index: int, evicted: int, now_s: float) -> None:
         """Write-back mode: a chunk evicted from store `index` moves one store down."""
         if evicted >= 0 and not self.write_through and index + 1 < len(self.stores):
             self._write_to(index + 1, [evicted], now_s)
 
-    def bytes_used(self, index: int) -> int:
+    def bytes_used(self, index: int, now_s: float | None = None) -> int:
         """Bytes of chunks held by store `index` (writes in flight included; a staging
-        buffer's: its reservations)."""
+        buffer's: its reservations); with `now_s`, as they stand then (chunks a TTL or the
+        eviction loop drops by then are gone), read without changing the store."""
         if index == 0 and self.staging is not None:
-            return self.staging.held * self.chunk_bytes
-        return len(self.stores[index].entries) * self.chunk_bytes
+            held = self.staging.held if now_s is None else self.staging.held_at(now_s)
+            return held * self.chunk_bytes
+        store = self.stores[index]
+        held = len(store.entries) if now_s is None else store.peek(now_s)[0]
+        return held * self.chunk_bytes
 
 
 def _cap_prefix(counts: list[int], total: int) -> list[int]:

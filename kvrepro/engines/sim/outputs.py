@@ -42,7 +42,11 @@ WRITE_BATCH = 1000
 
 
 def sample_row(now_s: float, sched: Scheduler) -> dict[str, Any]:
-    """One server sample of the scheduler's state and counters at `now_s`."""
+    """One server sample of the scheduler's state and counters at `now_s`.
+
+    Read-only: the stores are read as they stand at `now_s` (`ChunkStore.peek`: chunks a TTL
+    or a due eviction-loop tick drops count as gone) without changing them, so how often a
+    run is sampled cannot change what it does."""
     referenced, occupied = sched.gpu.usage()
     c = sched.counters
     row: dict[str, Any] = {
@@ -58,12 +62,11 @@ def sample_row(now_s: float, sched: Scheduler) -> dict[str, Any]:
     off = sched.offload
     if off is not None:
         for i, store in enumerate(off.stores):
-            store.expire(now_s)  # TTL stores drop expired chunks lazily; count them gone
-            row[f"{store.name}_bytes_used"] = off.bytes_used(i)
+            row[f"{store.name}_bytes_used"] = off.bytes_used(i, now_s)
             row[f"{store.name}_bytes_written"] = off.bytes_written[i]
             row[f"{store.name}_bytes_read"] = off.bytes_read[i]
             row[f"{store.name}_writes_dropped"] = off.writes_dropped[i]
-            row[f"{store.name}_evicted_chunks"] = store.evicted_chunks
+            row[f"{store.name}_evicted_chunks"] = store.peek(now_s)[1]
             row[f"{store.name}_rejected_chunks"] = store.rejected_chunks
             row[f"{store.name}_capacity_bytes"] = store.capacity_chunks * off.chunk_bytes
     return row

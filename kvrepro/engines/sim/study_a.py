@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvrepro.provenance import HEADLINE_KINDS, kind_of
+
 # The pause between turns is not in the study; fitted to the DRAM tier's fill time (~45 min)
 # and peak gain of A2 (see data/servers/study_a.yaml).
 STUDY_A_PAUSE = {"kind": "lognormal", "mean_s": 60.0, "sigma": 1.0}
@@ -28,18 +30,10 @@ _RELATIVE_30 = ("A5.resume_median_dram", "A5.resume_median_flash", "A5.resume_me
 _AT_LEAST = {"A4.baseline_ttft_high": 10.0}
 _AT_MOST = {"A2.early_spread": 2.0, "A4.dram_ttft_before_fill": 1.0, "A4.flash_late_ratio": 1.0}
 
-NOT_PREDICTED = {
-    "A2.dram_fill_time": "fitted: the workload's pause (STUDY_A_PAUSE)",
-    "A2.dram_peak_gain": "fitted: the workload's pause (STUDY_A_PAUSE)",
-    "A2.flash_peak_gain": "fitted: mfu, to the baseline the study's gains imply",
-    "A2.baseline_plateau": "fitted: mfu, to the baseline the study's gains imply",
-    "A2.flash_after": "fitted: the flash read rate",
-    "A4.dram_ttft_before_fill": "fitted: the DRAM read rate",
-    "A2.early_spread": "by construction: the same workload on every tier before any "
-                       "cache fills",
-}
-"""Study A targets that are not predictions (data/servers/study_a.yaml says what was fitted
-to what): a calibration summary counts the others only."""
+NOT_PREDICTED = {ref_id: f"{kind}: {why}" for ref_id, (kind, why) in HEADLINE_KINDS.items()
+                 if ref_id.split(".")[0] in ("A2", "A3", "A4", "A5")}
+"""Study A targets that are not predictions (from `kvrepro.provenance`, which says what was
+fitted to what): a calibration summary counts the others only."""
 
 
 def target_for(ref_id: str) -> tuple[str, float] | None:
@@ -58,14 +52,14 @@ def target_for(ref_id: str) -> tuple[str, float] | None:
 
 
 def target_kind(ref_id: str) -> str:
-    """`fitted`, `construction` or `predicted` (what only counts as reproduced)."""
-    why = NOT_PREDICTED.get(ref_id, "")
-    return why.split(":")[0].replace("by construction", "construction") if why else "predicted"
+    """The id's provenance kind (`kvrepro.provenance`): only `predicted` counts as
+    reproduced."""
+    return kind_of(ref_id)[0]
 
 
 def check_targets(table: pd.DataFrame) -> pd.DataFrame:
-    """Add `target` (text), `met` (bool, NaN without a target) and `kind` (fitted,
-    construction, predicted) to a compare() table."""
+    """Add `target` (text) and `met` (bool, NaN without a target) to a compare() table, and
+    its `kind` (`kvrepro.provenance`) where the table lacks one."""
     targets, met = [], []
     for row in table.itertuples():
         rule = target_for(row.id)
@@ -86,7 +80,8 @@ def check_targets(table: pd.DataFrame) -> pd.DataFrame:
         else:
             targets.append(f"at most {tol:g} {row.unit}")
             met.append(row.reproduced <= tol)
-    return table.assign(target=targets, met=met, kind=[target_kind(i) for i in table["id"]])
+    kinds = table["kind"] if "kind" in table else [target_kind(i) for i in table["id"]]
+    return table.assign(target=targets, met=met, kind=kinds)
 
 
 def targets_met(table: pd.DataFrame) -> dict[str, int]:
@@ -146,3 +141,19 @@ def ttft_parts(records: pd.DataFrame, window_s: tuple[float, float]) -> pd.DataF
     out = part.groupby("tier", sort=False)[cols].median()
     out.insert(0, "n", part.groupby("tier", sort=False).size())
     return out.add_suffix("_median").rename(columns={"n_median": "n"}).reset_index()
+
+
+def without_queue_wait(records: pd.DataFrame) -> pd.DataFrame:
+    """Simulated records as if no request had waited for admission: `first_token_s` (and
+    `ttft_s`, when present) less `queue_s`, the wait from sending a request to its first
+    admission. Why: what separates the twin's resumes from the study's is that wait, not
+    the load or recompute; passing these records to `analysis.study_a_resumes` shows the
+    resumes without it. Needs the simulator's `queue_s` (live records have none)."""
+    missing = [c for c in ("send_s", "first_token_s", "queue_s") if c not in records.columns]
+    if missing:
+        raise ValueError(f"without_queue_wait: records lack column(s) {missing}; queue_s is "
+                         "in the simulator's records only")
+    out = records.assign(first_token_s=records["first_token_s"] - records["queue_s"])
+    if "ttft_s" in out.columns:
+        out["ttft_s"] = out["first_token_s"] - out["send_s"]
+    return out
