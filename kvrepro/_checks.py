@@ -53,3 +53,34 @@ def not_utf8(err: UnicodeDecodeError) -> tuple[int, str]:
 UNDECODABLE_RE = re.compile("[\udc80-\udcff]")
 """What a byte that is not UTF-8 becomes in text decoded with errors="surrogateescape" (how
 a lax reader of a whole document finds which part of it held the byte)."""
+
+
+def key_path(loc: tuple[Any, ...]) -> str:
+    """A pydantic error location as a dotted key path, without union branch names."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and "[" in p)]
+    return ".".join(parts) or "(top level)"
+
+
+def load_yaml_model(path: Any, model: Any, what: str) -> Any:
+    """Read YAML file `path` into pydantic `model`; every error names the file, and each bad
+    key its dotted path ("<file>: invalid <what>: key a.b: ..."). Why one function: every
+    config the package reads (fleets, sweep grids) must fail the same clear way."""
+    from pathlib import Path
+
+    import yaml
+    from pydantic import ValidationError
+
+    src = Path(path)
+    if not src.is_file():
+        raise FileNotFoundError(f"{what} not found: {src}")
+    try:
+        raw = yaml.safe_load(src.read_text())
+    except yaml.YAMLError as err:
+        raise ValueError(f"{src}: malformed YAML: {err}") from err
+    if not isinstance(raw, dict):
+        raise ValueError(f"{src}: expected a mapping at the top level")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"key {key_path(e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{src}: invalid {what}: {problems}") from err

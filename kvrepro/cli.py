@@ -4,6 +4,8 @@
   kvrepro run live --server FILE [--tier NAME] [-p key=value] ...  deploy vLLM tiers, replay
   kvrepro run sim --server FILE [--tier NAME] [-p key=value] ...   the same on the simulator
       [--flash-profile MEASURED.yaml [--flash-store NAME]]          with a measured flash tier
+  kvrepro run fleet --fleet FILE [-p key=value] [--routing R] [--kv-pool P] ...  a live fleet
+  kvrepro sweep GRID.yaml --out DIR [--address ADDR] [--max-parallel N]   twin runs on Ray
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"\nDigital twin vs live runs ({result.run_dir / 'validation.csv'}): metrics "
               "within 10 %, median |error|\n")
         print(summary_table(result.validation).round(1).to_string(index=False))
+    if result.report is not None:
+        print(f"\nReport: {result.report}")
     for failure in result.failures:
         print(f"\nFAILED: {failure}", file=sys.stderr)
     if args.store_checked_outputs and not result.failures:
@@ -113,6 +117,59 @@ def _run_live(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _run_fleet(args: argparse.Namespace) -> int:
+    from kvrepro.engines.live import fleet_deploy as live_fleet
+    from kvrepro.fleet_spec import load_fleet
+    from kvrepro.reproduce import parse_overrides
+
+    try:
+        spec = live_fleet.override_fleet(load_fleet(args.fleet), parse_overrides(args.param),
+                                         args.fleet)
+        fleets = live_fleet.fleet_grid(spec, args.routing, args.kv_pool)
+        workload = _workload(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvrepro run fleet: {err}", file=sys.stderr)
+        return 2
+    out = _out_dir(args.out, "fleet")
+    options = live_fleet.FleetOptions(
+        duration_s=args.duration_s, warmup_s=args.warmup_s,
+        request_timeout_s=args.request_timeout_s, sample_interval_s=args.sample_interval_s,
+        max_in_flight=args.max_in_flight, router=args.router, pin_cpus=not args.no_pin_cpus)
+    results = live_fleet.run_fleet_campaign(fleets, workload, out, options)
+    for name, result in results.items():
+        if isinstance(result, Exception):
+            print(f"fleet {name}: FAILED: {result}", file=sys.stderr)
+        else:
+            print(f"fleet {name}: {result.requests_ok} ok, {result.requests_failed} failed "
+                  f"-> {out / name}/records.jsonl")
+    return 1 if any(isinstance(r, Exception) for r in results.values()) else 0
+
+
+def _add_fleet_parser(engines: argparse._SubParsersAction) -> None:
+    fleet = engines.add_parser("fleet", help="deploy a live fleet (N vLLM instances, LMCache, "
+                                             "vllm-router) and drive it")
+    fleet.add_argument("--fleet", required=True, help="fleet spec, e.g. "
+                                                      "data/fleets/cpu_tiny_2x.yaml")
+    fleet.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                       help="fleet spec override (routing=prefix_aware, kv_pool=private, "
+                            "tier=flash; repeatable)")
+    fleet.add_argument("--routing", action="append", choices=["round_robin",
+                       "session_affinity", "prefix_aware"],
+                       help="one run per routing policy (repeatable; default: the spec's)")
+    fleet.add_argument("--kv-pool", action="append", choices=["shared", "private"],
+                       help="one run per pool kind (repeatable; default: the spec's)")
+    fleet.add_argument("--router", choices=["vllm-router", "client"], default="vllm-router",
+                       help="vllm-router, or the load client's own routing")
+    fleet.add_argument("--no-pin-cpus", action="store_true",
+                       help="let every instance use every core (default: instance i on "
+                            "CPU i mod cores)")
+    _add_workload_args(fleet)
+    fleet.add_argument("--request-timeout-s", type=float, default=600.0)
+    fleet.add_argument("--sample-interval-s", type=float, default=2.0)
+    fleet.add_argument("--out", help="campaign folder (default runs/fleet-<UTC time>)")
+    fleet.set_defaults(func=_run_fleet)
+
+
 def _with_flash_profile(profile: Any, args: argparse.Namespace) -> Any:
     """`--flash-profile FILE`: the measured flash tier (kvrepro.storage) in the named stores."""
     if not args.flash_profile:
@@ -144,6 +201,46 @@ def _run_sim(args: argparse.Namespace) -> int:
               f"{split.at[tier, 'hit_share']:.3f}, median TTFT {rows.ttft_s.median():.3f} s "
               f"-> {out / tier}/records.jsonl")
     return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    import logging
+
+    from kvrepro.sweep import load_grid, run_sweep
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        points, point_fn, _ = load_grid(args.grid)
+        table = run_sweep(points, args.out, point_fn=point_fn, address=args.address,
+                          max_parallel=args.max_parallel, progress=not args.no_progress,
+                          retry_failed=args.retry_failed)
+    except (ValueError, FileNotFoundError, ImportError) as err:
+        print(f"kvrepro sweep: {err}", file=sys.stderr)
+        return 2
+    stats = table.attrs
+    print(f"{len(table)} points in {args.out}/sweep.parquet: ran {stats['ran']} "
+          f"({stats['failed']} failed) in {stats['wall_s']:.1f} s, skipped {stats['skipped']} "
+          "already finished")
+    failed = table[table.status != "ok"]
+    for _, row in failed.iterrows():
+        print(f"FAILED point {row.point_id}: {row.error}", file=sys.stderr)
+    return 1 if len(failed) else 0
+
+
+def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
+    sweep = sub.add_parser("sweep", help="run a grid of twin runs on Ray (resumable)")
+    sweep.add_argument("grid", help="grid file, e.g. data/sweeps/whatif_48.yaml, or a "
+                       "shipped grid's name (whatif_48)")
+    sweep.add_argument("--out", required=True, help="sweep folder: points/, sweep.parquet; "
+                       "an existing one is resumed (only missing points run)")
+    sweep.add_argument("--address", help="a Ray cluster (ray.init(address=...)); default: "
+                       "a local Ray")
+    sweep.add_argument("--max-parallel", type=_positive_int, metavar="N",
+                       help="points at once (default: every CPU Ray has)")
+    sweep.add_argument("--retry-failed", action="store_true",
+                       help="run failed points of an existing folder again")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.set_defaults(func=_sweep)
 
 
 def _positive_int(text: str) -> int:
@@ -200,6 +297,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     _add_workload_args(sim)
     sim.add_argument("--out", help="campaign folder (default runs/sim-<UTC time>)")
     sim.set_defaults(func=_run_sim)
+    _add_fleet_parser(engines)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "notebooks (accept on purpose a change that moves a checked number)")
     rep.set_defaults(func=_reproduce)
     _add_run_parser(sub)
+    _add_sweep_parser(sub)
     return parser
 
 

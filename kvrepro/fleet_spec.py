@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from kvrepro._checks import load_yaml_model
 from kvrepro.tier_spec import ServerSpec, load_server
 
 Routing = Literal["round_robin", "session_affinity", "prefix_aware"]
@@ -105,31 +105,14 @@ class FleetSpec(_Strict):
         return load_server(self.server)
 
 
-def _where(loc: tuple[object, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
-
-
 def load_fleet(path: str | Path) -> FleetSpec:
     """Read a fleet spec from YAML; errors name the file and each bad key. The tier must be
     one of the server's (checked here, so a typo fails before anything starts)."""
-    src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f"fleet spec not found: {src}")
-    try:
-        raw = yaml.safe_load(src.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{src}: malformed YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{src}: expected a mapping at the top level")
-    try:
-        fleet = FleetSpec.model_validate(raw)
-    except ValidationError as err:
-        problems = "; ".join(f"key {_where(e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"{src}: invalid fleet spec: {problems}") from err
+    fleet = load_yaml_model(path, FleetSpec, "fleet spec")
     try:
         fleet.server_spec().tier(fleet.tier)
     except ValueError as err:
-        raise ValueError(f"{src}: {err}") from err
+        raise ValueError(f"{path}: {err}") from err
     return fleet
 
 

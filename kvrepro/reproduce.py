@@ -3,13 +3,16 @@
 Each notebook runs in order (01_, 02_, ...) with its embedded defaults plus `figures_dir` and
 `results_dir`; the executed copy lands in `runs/<UTC timestamp>/`, figures in `figures/`, and
 each notebook's headline CSV in `runs/<ts>/results/`. A failing notebook is reported with the
-cell that failed; the others still run, and what they produced stays on disk.
+cell that failed; the others still run, and what they produced stays on disk. Each notebook's
+wall time goes to `runs/<ts>/timings.csv`, and the page a reader opens (figures, numbers,
+validation, provenance) to `runs/<ts>/report.html` (`kvrepro.report`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from kvrepro import reference
+from kvrepro.report import TIMINGS_CSV, write_report
 
 
 @dataclass
@@ -46,6 +50,8 @@ class ReproduceResult:
     failures: list[NotebookFailure] = field(default_factory=list)
     headlines: Any = None
     validation: Any = None
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    report: Path | None = None
 
 
 def _parse_value(text: str) -> Any:
@@ -123,17 +129,23 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
     bar = tqdm(notebooks, desc="notebooks", unit="nb")
     for nb in bar:
         bar.set_postfix_str(nb.name)
+        start_s = time.perf_counter()
         failure = _run_one(nb, result.run_dir, Path(figures_dir), _overrides_for(nb, overrides))
+        result.timings.append({"notebook": nb.name, "wall_s": time.perf_counter() - start_s,
+                               "status": "failed" if failure else "ok"})
         result.executed.append(result.run_dir / nb.name)
         if failure:
             result.failures.append(failure)
             tqdm.write(f"FAILED: {failure}")
+    pd.DataFrame(result.timings, columns=["notebook", "wall_s", "status"]).to_csv(
+        result.run_dir / TIMINGS_CSV, index=False)
     result.headlines = reference.collect_headlines(result.run_dir / "results")
     result.headlines.to_csv(result.run_dir / "headline_numbers.csv", index=False)
     validation = result.run_dir / "results" / "sim_validation" / VALIDATION_CSV
     if validation.is_file():  # notebook 06: the twin vs the live runs
         shutil.copyfile(validation, result.run_dir / VALIDATION_CSV)
         result.validation = pd.read_csv(validation)
+    result.report = write_report(result.run_dir, figures_dir)
     return result
 
 

@@ -208,7 +208,9 @@ def test_late_bins_select_by_bin_centre() -> None:
 
 
 def test_sweep_summary_late_level_is_the_late_bins_mean() -> None:
-    from kvrepro.engines.sim.campaign import _summary
+    from types import SimpleNamespace
+
+    from kvrepro.sweep import WhatIfRead, saturation_headlines
 
     # one request per 300 s bin over 2700 s (9 bins), first token == finish at the centre:
     # bin i runs at 1 + i + 1/300 tok/s; a 3-bin median of a rising curve keeps every inner
@@ -216,7 +218,10 @@ def test_sweep_summary_late_level_is_the_late_bins_mean() -> None:
     rows = [rec(tier="dram", send_s=150 + 300 * i, first_token_s=150 + 300 * i,
                 finish_s=150 + 300 * i, output_tokens=300 * (1 + i), prompt_tokens=1)
             for i in range(9)]
-    got = _summary(frame(rows), pd.DataFrame({"time_s": [0.0]}), None, None, 2700.0)
+    run = SimpleNamespace(records=frame(rows), samples=pd.DataFrame({"time_s": [0.0]}),
+                          meta={"stats": {}})
+    read = WhatIfRead(an.StudyASettings(bin_s=300.0, run_s=2700.0, smooth_bins=3), "")
+    got = saturation_headlines(run, read)
     smoothed = [1 + i + 1 / 300 for i in range(9)]
     smoothed[0], smoothed[-1] = smoothed[0] + 0.5, smoothed[-1] - 0.5  # partial windows
     assert got["late_tok_s"] == pytest.approx(sum(smoothed[6:]) / 3)

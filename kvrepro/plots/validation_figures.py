@@ -27,6 +27,9 @@ METRIC_AXES = {  # metric -> (panel title, y label, scale from the table's unit)
     "l2_hit_share": ("Prompt tokens from L2 (disk)", "% of prompt tokens", 100.0),
     "l1_fill_s": ("L1 fill (first eviction)", "s into the run", 1.0),
     "resume_ttft_median_s": ("Median resume TTFT", "ms", 1e3),
+    "throughput_tok_s": ("Throughput", "tok/s (prompt + output)", 1.0),
+    "cross_instance_hit_share": ("Cached share of routed-away turns", "% of their prompt "
+                                 "tokens", 100.0),
 }
 
 

@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from collections import deque
 from pathlib import Path
-from typing import IO
+from typing import IO, Self
 
 SHM_DIR = Path("/dev/shm")
 SHM_PREFIXES = ("psm_", "lmcache_kv_", "sem.mp-")
@@ -271,3 +271,26 @@ class SharedMemory:
         for name in removed:
             (SHM_DIR / name).unlink(missing_ok=True)
         return removed
+
+
+class StartedOnEnter:
+    """`with x:` starts x and stops it on every exit, also when start fails half-way (a
+    half-started deployment still holds processes, ports and segments). Subclasses define
+    `start()` and `stop()`; `stop()` must never raise."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -27,6 +27,7 @@ from kvrepro.engines.live.processes import (
     ManagedProcess,
     ServerError,
     SharedMemory,
+    StartedOnEnter,
     free_port,
     http_ok,
     log_tail,
@@ -66,7 +67,7 @@ def with_free_ports(tier: TierConfig) -> TierConfig:
     return tier.model_copy(update={"lmcache_mp": mp.model_copy(update=ports)})
 
 
-class VllmServer:
+class VllmServer(StartedOnEnter):
     """A running vLLM server for one tier (context manager: start on enter, stop on exit)."""
 
     def __init__(self, tier: TierConfig, run_dir: str | Path, python: str | None = None,
@@ -205,14 +206,3 @@ class VllmServer:
         except OSError as err:
             log.warning("tier %r: clean-up of %s failed: %s", self.tier.name, key, err)
             self.cleaned.setdefault("errors", []).append(f"{key}: {err}")
-
-    def __enter__(self) -> VllmServer:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

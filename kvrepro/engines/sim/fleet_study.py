@@ -1,0 +1,179 @@
+"""Study A's server as a fleet on the twin: routing x pool, the capacity a shared flash pool
+needs against private ones for the same hit share, and what the pool's writes cost the drives.
+
+The runs go through `kvrepro.sweep` (Ray), one sweep point per configuration, so a notebook
+only builds points (`fleet_points`) and reads the tidy table; the readings here
+(`capacity_for_hit_share`, `fleet_dwpd`) are plain functions of that table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvrepro.calc.endurance import SECONDS_PER_DAY, dwpd_from_write_rate
+from kvrepro.fleet_spec import ROUTINGS, FleetSpec
+
+
+def _pool_parameters(fleet: FleetSpec) -> dict[str, Any]:
+    """The fleet's shared-pool settings as flat sweep parameters (`shared_pool.<field>`)."""
+    pool = fleet.shared_pool.model_dump(exclude_none=True)
+    return {f"shared_pool.{key}": value for key, value in pool.items()}
+
+
+def fleet_points(fleet: FleetSpec, *, routings: Sequence[str] = ROUTINGS,
+                 pools: Sequence[str] = ("private", "shared"),
+                 flash_gb_per_server: Sequence[float | None] = (None,),
+                 rate_per_server_per_min: float = 2.5, duration_s: float = 1800.0,
+                 warmup_s: float = 180.0, seed: int = 0,
+                 pause: str | None = "study_a") -> list[dict[str, Any]]:
+    """Sweep points (`kvrepro.sweep.default_point`) of `fleet` for every routing x pool x
+    flash size per server (None: the spec's own), at `rate_per_server_per_min` sessions per
+    minute per server (the fleet gets n times the single server's load, as study A's server
+    x 8 at 8x the rate). The shared pool's settings come from the fleet spec."""
+    base: dict[str, Any] = {
+        "server": fleet.server, "tier": fleet.tier, "n_servers": fleet.n_servers,
+        "seed": seed, "duration_s": duration_s, "warmup_s": warmup_s,
+        "session_rate_per_min": rate_per_server_per_min * fleet.n_servers,
+        **_pool_parameters(fleet)}
+    if pause is not None:
+        base["workload.pause"] = pause
+    points = []
+    for routing in routings:
+        for pool in pools:
+            for flash_gb in flash_gb_per_server:
+                point = {**base, "routing": routing, "kv_pool": pool}
+                if flash_gb is not None:
+                    point["flash_gb"] = float(flash_gb)
+                points.append(point)
+    return points
+
+
+def _interpolated_capacity(part: pd.DataFrame, share_col: str, capacity_col: str,
+                           target: float) -> float:
+    """Smallest capacity at which the share reaches `target`, linear between the two
+    sweep points around it (NaN if no point reaches it; the smallest if all do)."""
+    part = part.sort_values(capacity_col)
+    caps = part[capacity_col].to_numpy(float)
+    shares = part[share_col].to_numpy(float)
+    above = np.flatnonzero(shares >= target)
+    if len(above) == 0:
+        return float("nan")
+    i = int(above[0])
+    if i == 0:
+        return float(caps[0])
+    c0, c1, s0, s1 = caps[i - 1], caps[i], shares[i - 1], shares[i]
+    return float(c0 + (target - s0) / (s1 - s0) * (c1 - c0))
+
+
+def capacity_for_hit_share(table: pd.DataFrame, target_share: float,
+                           share_col: str = "cached_share",
+                           capacity_col: str = "flash_capacity_bytes",
+                           by: Sequence[str] = ("routing", "kv_pool")) -> pd.DataFrame:
+    """Per group (e.g. routing x pool): the total store capacity the fleet needs for its
+    hit share `share_col` to reach `target_share`, interpolated between sweep points of
+    different sizes. Why: "how much flash does a shared pool save" is a comparison at equal
+    hit share, not at equal capacity. Columns: `by`, capacity_bytes, reached (bool)."""
+    if not 0 < target_share <= 1:
+        raise ValueError(f"parameter 'target_share' must be in (0, 1], got {target_share}")
+    missing = [c for c in (share_col, capacity_col, *by) if c not in table]
+    if missing:
+        raise ValueError(f"capacity_for_hit_share: table lacks column(s) {missing}")
+    rows = []
+    for key, part in table.groupby(list(by), sort=True):
+        keys = key if isinstance(key, tuple) else (key,)
+        cap = _interpolated_capacity(part, share_col, capacity_col, target_share)
+        rows.append({**dict(zip(by, keys, strict=True)), "capacity_bytes": cap,
+                     "reached": bool(np.isfinite(cap))})
+    return pd.DataFrame(rows)
+
+
+def flash_array(fleet: FleetSpec) -> tuple[int, float]:
+    """(drives, bytes per drive) of one server's flash array, from the tier spec."""
+    stores = [s for s in fleet.server_spec().tier(fleet.tier).stores if s.kind == "flash"]
+    if not stores or not stores[-1].drives or not stores[-1].drive_tb:
+        raise ValueError(f"tier {fleet.tier!r} of {fleet.server!r} states no flash array "
+                         "(stores[].drives, drive_tb)")
+    return int(stores[-1].drives), float(stores[-1].drive_tb) * 1e12
+
+
+def fleet_dwpd(table: pd.DataFrame, drives_per_server: int, drive_capacity_bytes: float,
+               raid_levels: Sequence[str] = ("RAID0", "RAID10", "RAID5", "RAID6"),
+               write_col: str = "flash_bytes_written_per_day") -> pd.DataFrame:
+    """Drive writes per day of each configuration's flash writes, per RAID layout, over the
+    fleet's drives (n_servers x `drives_per_server`: a shared pool is built from the same
+    drives the private tiers would have). One row per input row x layout, with the input's
+    `n_servers`, `routing`, `kv_pool`, `flash_gb` (if present) and `dwpd`."""
+    keep = [c for c in ("n_servers", "routing", "kv_pool", "flash_gb", write_col) if c in table]
+    rows = []
+    for row in table[keep].itertuples(index=False):
+        values = row._asdict()
+        drives = int(values["n_servers"]) * drives_per_server
+        rate_bytes_s = float(values[write_col]) / SECONDS_PER_DAY
+        for level in raid_levels:
+            rows.append({**values, "raid_level": level, "n_drives": drives,
+                         "dwpd": dwpd_from_write_rate(rate_bytes_s, drives,
+                                                      drive_capacity_bytes, level)})
+    return pd.DataFrame(rows)
+
+
+FLEET_METRICS = ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_share",
+                 "cross_instance_hit_share")
+"""What the twin of a live two-instance fleet is checked on, per instance and in total."""
+
+
+def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFrame:
+    """The twin on a live fleet run's fleet spec and regenerated workload, its records
+    labelled like the live ones (kv_pool, tier, routing, router="twin") so that both go
+    through the same summary (`kvrepro.analysis.fleet_live.fleet_live_summary`)."""
+    from kvrepro.engines.sim.fleet import simulate_fleet
+    from kvrepro.engines.sim.validate import run_seconds, workload_of
+    from kvrepro.records import read_run
+
+    run = read_run(run_dir)
+    fleet = FleetSpec.model_validate(run.meta["fleet"])
+    warmup_s = float(run.meta.get("options", {}).get("warmup_s") or 0.0)
+    result = simulate_fleet(workload_of(run), fleet, duration_s=run_seconds(run),
+                            warmup_s=warmup_s, progress=progress)
+    return result.records.assign(kv_pool=fleet.kv_pool, tier=fleet.tier,
+                                 routing=fleet.routing, router="twin")
+
+
+def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,
+                            metrics: Sequence[str] = FLEET_METRICS) -> pd.DataFrame:
+    """Tidy rows (run, tier, metric, live, sim, error_pct) of two `fleet_live_summary`
+    tables, matched on (kv_pool, tier, routing, instance); `run` names the configuration
+    and `tier` the instance ("instance 0", ..., "total"), the layout of
+    `validate.validation_table` and its figures."""
+    from kvrepro.engines.sim.validate import relative_error_pct
+
+    keys = ["kv_pool", "tier", "routing", "instance"]
+    both = live.merge(sim, on=keys, suffixes=("_live", "_sim"), validate="one_to_one")
+    rows = []
+    for row in both.to_dict("records"):
+        run = f"{row['kv_pool']} {row['tier']}, {row['routing'].replace('_', ' ')}"
+        where = "total" if row["instance"] == "total" else f"instance {row['instance']}"
+        for metric in metrics:
+            lv, sv = float(row[f"{metric}_live"]), float(row[f"{metric}_sim"])
+            rows.append({"run": run, "tier": where, "metric": metric, "live": lv, "sim": sv,
+                         "error_pct": relative_error_pct(lv, sv)})
+    return pd.DataFrame(rows, columns=["run", "tier", "metric", "live", "sim", "error_pct"])
+
+
+def fleet_validation(live_dir: str | Path, progress: bool = False) -> pd.DataFrame:
+    """The twin's prediction of every live fleet run under `live_dir` (one run folder or a
+    campaign of them), metric by metric with signed errors (`compare_fleet_summaries`)."""
+    from kvrepro.analysis.fleet_live import fleet_live_summary, load_fleet_runs
+
+    root = Path(live_dir)
+    records, samples = load_fleet_runs(root)
+    dirs = [root] if (root / "records.jsonl").is_file() else sorted(
+        p for p in root.iterdir() if (p / "records.jsonl").is_file())
+    twin = pd.concat([twin_of_live_fleet(d, progress) for d in dirs], ignore_index=True)
+    live = fleet_live_summary(records, samples)
+    sim = fleet_live_summary(twin)
+    return compare_fleet_summaries(live.drop(columns="router"), sim.drop(columns="router"))

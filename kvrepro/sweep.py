@@ -1,0 +1,906 @@
+"""Sweeps of twin runs on Ray: a grid of points, one tidy table of their headline numbers.
+
+A *point* is a flat dict of parameters (`dram_gb`, `flash_gb`, `session_rate_per_min`,
+`routing`, `n_servers`, `seed`, ...); a *point function* maps one point to one flat dict of
+headline numbers. `run_sweep` runs every point of a grid as a Ray task (a local Ray by default,
+a cluster with `address`) and writes each finished point as it finishes, so a sweep survives an
+interrupted session and a rerun runs only the points that are missing:
+
+    out_dir/sweep.json              the grid and the point function (checked on resume)
+    out_dir/points/<point_id>.parquet   one row per finished point, written atomically
+    out_dir/sweep.parquet           all points, one tidy table (rewritten at the end)
+
+`read_sweep(out_dir)` reads the table from the points folder at any time, also mid-sweep.
+Every row holds the point's parameters, `point_id`, `status` ("ok" or "failed"), `error`,
+`wall_s` and the point function's headline columns. A failed point is recorded with its error
+and does not stop the others; a finished point, failed or not, is not run again unless
+`retry_failed`. Nothing here seeds a random generator: seeds are point parameters.
+
+The default point function, `default_point`, runs the single-server twin
+(`kvrepro.engines.sim.campaign.run`) on an agentic workload, or the fleet twin
+(`kvrepro.engines.sim.fleet.simulate_fleet`) when the point has `n_servers` or `routing`,
+reads either with `fleet_headlines` (the same columns), and prices the configuration with
+`kvrepro.calc.economics` (as notebook 10 does) so that the throughput per dollar can be set
+against the p90 TTFT (`pareto_front`). `whatif_point` runs the same single-server point and
+also reads where its tier saturates (peak and late throughput on study A's curve settings, the
+fill time of the tier's store): notebook 07's sweep, whose points `whatif_grid` builds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import ValidationError as _ValidationError
+
+from kvrepro._checks import key_path, load_yaml_model
+
+log = logging.getLogger(__name__)
+
+Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
+Point = dict[str, Any]
+PointFn = Callable[[Point], Mapping[str, Any]]
+
+SWEEP_FORMAT = 1
+META_COLUMNS = ("point_id", "status", "error", "traceback", "wall_s")
+"""Columns every row has besides the parameters and the headlines."""
+DEFAULT_POINT_FUNCTION = "kvrepro.sweep:default_point"
+
+
+# ---------------------------------------------------------------- points and grids
+
+def point_id(point: Mapping[str, Any]) -> str:
+    """A stable key of a point: the SHA-256 of its sorted parameters as JSON (16 hex digits).
+
+    The same parameters give the same key in every session and on every machine (no Python
+    hash seeds); 1 and 1.0 are different values, as YAML reads them."""
+    text = json.dumps(dict(point), sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_point(point: Any, where: str) -> Point:
+    if not isinstance(point, Mapping) or not point:
+        raise ValueError(f"{where}: a point is a non-empty mapping of parameter -> value, "
+                         f"got {point!r}")
+    for key, value in point.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{where}: parameter names are non-empty strings, got {key!r}")
+        if key in META_COLUMNS:
+            raise ValueError(f"{where}: parameter {key!r} is a reserved column name")
+        if not (value is None or isinstance(value, bool | int | float | str)):
+            raise ValueError(f"{where}: parameter {key!r} must be a number, string, bool or "
+                             f"null, got {type(value).__name__} {value!r}")
+    return dict(point)
+
+
+def product_points(grid: Mapping[str, Sequence[Any]]) -> list[Point]:
+    """The cartesian product of a mapping parameter -> list of values, in the given order."""
+    for key, values in grid.items():
+        if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
+            raise ValueError(f"grid parameter {key!r}: expected a non-empty list of values, "
+                             f"got {values!r}")
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True))
+            for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def expand_grid(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> list[Point]:
+    """The points of a grid: a mapping (cartesian product) or a list of point dicts.
+
+    Every point is checked (flat, scalar values) and must be distinct: two equal points would
+    share one result file."""
+    raw = product_points(grid) if isinstance(grid, Mapping) else list(grid)
+    points = [_check_point(p, f"point {i}") for i, p in enumerate(raw)]
+    if not points:
+        raise ValueError("the grid has no points")
+    seen: dict[str, int] = {}
+    for i, point in enumerate(points):
+        key = point_id(point)
+        if key in seen:
+            raise ValueError(f"points {seen[key]} and {i} are the same point {point}")
+        seen[key] = i
+    return points
+
+
+def grid_id(points: Sequence[Mapping[str, Any]]) -> str:
+    """A stable key of a whole grid (its points' keys, sorted): a folder name per grid."""
+    text = ",".join(sorted(point_id(p) for p in points))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+# ---------------------------------------------------------------- point functions
+
+def point_function(version: str) -> Callable[[PointFn], PointFn]:
+    """Mark a point function with a version: a sweep folder remembers it, and resuming with
+    another version (the function's results changed) is an error, not a mix."""
+    def mark(fn: PointFn) -> PointFn:
+        fn.sweep_version = str(version)  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def function_name(fn: PointFn) -> str:
+    """`module:qualname` of a point function, what a sweep folder records."""
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def load_point_function(name: str) -> PointFn:
+    """Import a point function named `module:attribute`."""
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"point function {name!r}: expected 'module:function'")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"point function {name!r} not found: {err}") from err
+    if not callable(fn):
+        raise ValueError(f"point function {name!r} is not callable")
+    return fn
+
+
+def _identity(fn: PointFn) -> dict[str, Any]:
+    return {"point_function": function_name(fn),
+            "point_function_version": getattr(fn, "sweep_version", None)}
+
+
+# ---------------------------------------------------------------- the sweep folder
+
+def _points_dir(out_dir: Path) -> Path:
+    return out_dir / "points"
+
+
+def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Write to a temporary name next to `path`, then rename: a reader never sees half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _remembered(out_dir: Path, fn: PointFn, points: list[Point]) -> None:
+    """Record the grid and point function in `sweep.json`, or check them against it."""
+    manifest = out_dir / "sweep.json"
+    wanted = {"format": SWEEP_FORMAT, **_identity(fn),
+              "points": {point_id(p): p for p in points}}
+    if not manifest.is_file():
+        if _points_dir(out_dir).is_dir() and any(_points_dir(out_dir).glob("*.parquet")):
+            raise ValueError(f"{out_dir}: holds point files but no sweep.json; not a sweep "
+                             "folder this version wrote (use a new folder)")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomic(manifest, lambda p: p.write_text(json.dumps(wanted, indent=1) + "\n"))
+        return
+    had = json.loads(manifest.read_text())
+    for key in ("format", "point_function", "point_function_version"):
+        if had.get(key) != wanted[key]:
+            raise ValueError(f"{out_dir}: this sweep folder was run with {key} "
+                             f"{had.get(key)!r}, not {wanted[key]!r}; use a new folder "
+                             "(or delete this one) rather than mix results")
+    old, new = set(had.get("points", {})), set(wanted["points"])
+    if old != new:
+        raise ValueError(f"{out_dir}: this sweep folder holds another grid ({len(old - new)} "
+                         f"of its points are not in this grid, {len(new - old)} of this grid's "
+                         "are new); use a new folder (or delete this one) rather than mix "
+                         "results")
+
+
+def _done_ids(out_dir: Path, retry_failed: bool) -> set[str]:
+    """Points with a result file (failed ones too, unless `retry_failed`)."""
+    done = set()
+    for path in _points_dir(out_dir).glob("*.parquet"):
+        if retry_failed and (pd.read_parquet(path, columns=["status"]).status != "ok").any():
+            continue
+        done.add(path.stem)
+    return done
+
+
+def _write_point(out_dir: Path, row: Mapping[str, Any]) -> None:
+    frame = pd.DataFrame([dict(row)])
+    _write_atomic(_points_dir(out_dir) / f"{row['point_id']}.parquet",
+                  lambda p: frame.to_parquet(p, index=False))
+
+
+def _tidy_columns(table: pd.DataFrame, points: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Parameters first (in the grid's order), then point_id and status, the headlines, and
+    wall time, error and traceback last."""
+    params = list(dict.fromkeys(k for p in points for k in p))
+    tail = ["wall_s", "error", "traceback"]
+    head = [c for c in [*params, "point_id", "status"] if c in table]
+    rest = [c for c in table if c not in head and c not in tail]
+    return table[head + rest + [c for c in tail if c in table]]
+
+
+def read_sweep(out_dir: str | Path) -> pd.DataFrame:
+    """Every finished point of a sweep folder, one row each, in the grid's order.
+
+    Reads the points folder, so it works while a sweep runs or after it was interrupted."""
+    out = Path(out_dir)
+    manifest = out / "sweep.json"
+    if not manifest.is_file():
+        raise FileNotFoundError(f"{out}: not a sweep folder (no sweep.json)")
+    points = json.loads(manifest.read_text())["points"]
+    files = {p.stem: p for p in _points_dir(out).glob("*.parquet")}
+    rows = [row for k in points if k in files
+            for row in pd.read_parquet(files[k]).to_dict("records")]
+    if not rows:
+        return pd.DataFrame(columns=list(META_COLUMNS))
+    return _tidy_columns(pd.DataFrame(rows), list(points.values()))
+
+
+# ---------------------------------------------------------------- running on Ray
+
+def _headlines(point: Point, returned: Mapping[str, Any]) -> dict[str, Any]:
+    """A point function's columns, checked: none may be a reserved column, and one named as
+    a parameter must repeat the parameter's value (then the parameter's column holds it)."""
+    reserved = sorted(set(returned) & set(META_COLUMNS))
+    differ = sorted(k for k in set(returned) & set(point) if returned[k] != point[k])
+    if reserved or differ:
+        raise ValueError(f"point function returned reserved column(s) {reserved} or "
+                         f"parameter column(s) {differ} with another value than the point's")
+    return {k: v for k, v in returned.items() if k not in point}
+
+
+def evaluate_point(point_fn: PointFn, point: Point) -> dict[str, Any]:
+    """Run one point and return its row: parameters, `point_id`, status, error, wall time and
+    headlines. Never raises for the point's own failure: that is the row's `error`."""
+    started = time.perf_counter()
+    row: dict[str, Any] = {**point, "point_id": point_id(point), "status": "ok", "error": "",
+                           "traceback": ""}
+    try:
+        row.update(_headlines(point, point_fn(dict(point))))
+    except Exception as err:  # any failure of a point is recorded, not raised
+        row.update(status="failed", error=f"{type(err).__name__}: {err}",
+                   traceback=traceback.format_exc(limit=8))
+    row["wall_s"] = time.perf_counter() - started
+    return row
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError("sweeps run on Ray, which is not installed: pip install "
+                          "'kvrepro[sweep]' (or 'ray>=2.9')") from err
+    return ray
+
+
+def _start_ray(ray: Any, address: str | None, max_parallel: int | None) -> bool:
+    """Connect to Ray; True when this call started it (and must shut it down).
+
+    An already initialised Ray session (a notebook's, a test fixture's) is used as it is."""
+    if ray.is_initialized():
+        if address:
+            log.warning("Ray is already running in this process: address %s not used", address)
+        return False
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING)
+    else:
+        ray.init(num_cpus=max_parallel, include_dashboard=False,
+                 logging_level=logging.WARNING)
+    return True
+
+
+def _slots(ray: Any, max_parallel: int | None) -> int:
+    """How many points run at once: `max_parallel`, else the cluster's CPUs."""
+    if max_parallel is not None:
+        return max_parallel
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
+def _crashed_row(point: Point, err: BaseException) -> dict[str, Any]:
+    """The row of a point whose Ray task died (worker killed, out of memory)."""
+    return {**point, "point_id": point_id(point), "status": "failed",
+            "error": f"{type(err).__name__}: {err}", "traceback": "", "wall_s": float("nan")}
+
+
+def _run_tasks(ray: Any, point_fn: PointFn, todo: list[Point], out_dir: Path, slots: int,
+               bar: Any) -> int:
+    """Submit at most `slots` points at a time; write each as it finishes. Returns failures."""
+    task = ray.remote(num_cpus=1, max_retries=0)(evaluate_point)
+    fn_ref = ray.put(point_fn)
+    pending: dict[Any, Point] = {}
+    queue, failed = list(todo), 0
+    try:
+        while queue or pending:
+            while queue and len(pending) < slots:
+                point = queue.pop(0)
+                pending[task.remote(fn_ref, point)] = point
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            point = pending.pop(ready[0])
+            try:
+                row = ray.get(ready[0])
+            except Exception as err:  # a dead task is a failed point
+                row = _crashed_row(point, err)
+            _write_point(out_dir, row)
+            failed += row["status"] != "ok"
+            bar.update(1)
+            bar.set_postfix(failed=failed, refresh=False)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return failed
+
+
+def _prepare(points: list[Point], out: Path, point_fn: PointFn,
+             retry_failed: bool) -> tuple[list[Point], list[Point]]:
+    """Check the points (the point function's `check`), remember or check the folder's grid,
+    and return all points and those still to run."""
+    check = getattr(point_fn, "check", None)
+    for i, point in enumerate(points):
+        if check is not None:
+            check(point, where=f"point {i} {point}")
+    _remembered(out, point_fn, points)
+    _points_dir(out).mkdir(parents=True, exist_ok=True)
+    for stale in _points_dir(out).glob(".*.tmp"):  # from a sweep killed mid-write
+        stale.unlink()
+    done = _done_ids(out, retry_failed)
+    todo = [p for p in points if point_id(p) not in done]
+    if len(todo) < len(points):
+        log.warning("%s: %d of %d points already finished, not run again", out,
+                    len(points) - len(todo), len(points))
+    return points, todo
+
+
+def run_sweep(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
+              out_dir: str | Path, *, point_fn: PointFn | None = None,
+              address: str | None = None, max_parallel: int | None = None,
+              progress: bool = True, retry_failed: bool = False) -> pd.DataFrame:
+    """Run every point of `grid` not yet in `out_dir` as a Ray task; return the whole table.
+
+    `grid`: a mapping parameter -> list of values (cartesian product) or a list of point
+    dicts. `point_fn` (default `default_point`) maps a point to its headline numbers; it is
+    checked up front with its `check` attribute if it has one. `address`: a Ray cluster
+    (`ray.init(address=...)`); default a local Ray with `max_parallel` CPUs (all by default).
+    An already running Ray session is used as it is. Ray is shut down on every exit path when
+    this call started it. The table has `attrs` `skipped`, `ran`, `failed` and `wall_s`.
+    """
+    from tqdm.auto import tqdm
+
+    if max_parallel is not None and max_parallel < 1:
+        raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
+    point_fn = point_fn or default_point
+    out = Path(out_dir)
+    points, todo = _prepare(expand_grid(grid), out, point_fn, retry_failed)
+    skipped = len(points) - len(todo)
+    started, failed = time.perf_counter(), 0
+    if todo:
+        ray = _import_ray()
+        owns = _start_ray(ray, address, max_parallel)
+        try:
+            with tqdm(total=len(points), initial=skipped, unit="point", disable=not progress,
+                      desc=f"sweep {out.name}") as bar:
+                failed = _run_tasks(ray, point_fn, todo, out, _slots(ray, max_parallel), bar)
+        finally:
+            if owns:
+                ray.shutdown()
+    table = read_sweep(out)
+    _write_atomic(out / "sweep.parquet", lambda p: table.to_parquet(p, index=False))
+    table.attrs.update(skipped=skipped, ran=len(todo), failed=failed,
+                       wall_s=time.perf_counter() - started)
+    return table
+
+
+# ---------------------------------------------------------------- the Pareto view
+
+def _better(values: pd.Series, how: str, name: str) -> pd.Series:
+    """Values turned so that larger is better (`how`: "max" or "min")."""
+    if how not in ("max", "min"):
+        raise ValueError(f"pareto_front: {name} must be 'max' or 'min', got {how!r}")
+    return values if how == "max" else -values
+
+
+def pareto_front(table: pd.DataFrame, x: str, y: str, *, x_better: str = "max",
+                 y_better: str = "min") -> pd.DataFrame:
+    """The rows no other row beats on both `x` and `y` (non-dominated), sorted by `x`.
+
+    Defaults: the larger `x` (throughput per dollar) and the smaller `y` (p90 TTFT) are
+    better. A row is dominated when another is at least as good on both and better on one;
+    equal rows are all kept. Rows that failed (`status` != "ok") or lack `x` or `y` are left
+    out."""
+    missing = [c for c in (x, y) if c not in table]
+    if missing:
+        raise ValueError(f"pareto_front: no column(s) {missing}; columns: {list(table)}")
+    ok = table if "status" not in table else table[table["status"] == "ok"]
+    ok = ok[ok[x].notna() & ok[y].notna()]
+    gx, gy = _better(ok[x].astype(float), x_better, "x_better"), _better(
+        ok[y].astype(float), y_better, "y_better")
+    best_y_before = float("-inf")  # best y among rows with a strictly better x
+    keep: list[Any] = []
+    for _, group in reversed(list(gy.groupby(gx, sort=True))):
+        group_best = group.max()
+        keep += [i for i, v in group.items() if v >= group_best and v > best_y_before]
+        best_y_before = max(best_y_before, group_best)
+    return ok.loc[keep].sort_values(x, kind="stable")
+
+
+# ---------------------------------------------------------------- grid files
+
+class GridFile(BaseModel):
+    """A sweep grid in YAML: the points and the point function that runs them.
+
+    The points are the union of the `grid` products (one mapping, or a list of mappings,
+    each a cartesian product) and the explicit `points`, each merged with `fixed`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    description: str = Field("", description="what the sweep asks")
+    point_function: str = Field(DEFAULT_POINT_FUNCTION, description="module:function that maps "
+                                "a point to its headline numbers")
+    fixed: dict[str, Scalar] = Field(default_factory=dict, description="parameters every "
+                                     "point has")
+    grid: dict[str, list[Scalar]] | list[dict[str, list[Scalar]]] = Field(
+        default_factory=dict, description="parameter -> values (a cartesian product), or a "
+                                          "list of such products")
+    points: list[dict[str, Scalar]] = Field(default_factory=list, description="explicit "
+                                            "points, besides the grid's")
+
+    def expanded(self) -> list[Point]:
+        """All points, `fixed` merged in (a parameter in `fixed` and in a point is an error)."""
+        products = [self.grid] if isinstance(self.grid, dict) else self.grid
+        raw = [p for g in products if g for p in product_points(g)] + list(self.points)
+        merged = []
+        for i, point in enumerate(raw):
+            both = sorted(set(point) & set(self.fixed))
+            if both:
+                raise ValueError(f"point {i}: parameter(s) {both} are also in 'fixed'")
+            merged.append({**self.fixed, **point})
+        return expand_grid(merged)
+
+
+def load_grid(path: str | Path) -> tuple[list[Point], PointFn, GridFile]:
+    """Read a grid file (a path, or the name of a shipped one in `data/sweeps/`, e.g.
+    `whatif_48`): its points, its point function (each point checked by it) and the file's
+    model. Errors name the file and the key."""
+    src = Path(path)
+    if not src.is_file() and src.suffix == "" and src.name == str(path):
+        from kvrepro._paths import data_dir
+
+        src = data_dir() / "sweeps" / f"{path}.yaml"  # a shipped grid by name
+    if not src.is_file():
+        raise FileNotFoundError(f"sweep grid not found: {path}")
+    spec = load_yaml_model(src, GridFile, "sweep grid")
+    try:
+        fn = load_point_function(spec.point_function)
+        points = spec.expanded()
+        check = getattr(fn, "check", None)
+        for i, point in enumerate(points):
+            if check is not None:
+                check(point, where=f"point {i}")
+    except ValueError as err:
+        raise ValueError(f"{src}: {err}") from err
+    return points, fn, spec
+
+
+# ---------------------------------------------------------------- the default point function
+
+WORKLOAD_KEYS = ("seed", "session_rate_per_min", "duration_s", "warmup_s")
+"""Point parameters of the agentic workload (`AgenticSpec`); others as `workload.<field>`."""
+FLEET_KEYS = ("n_servers", "routing", "kv_pool")
+"""Point parameters that make a point a fleet (`FleetSpec`); also `shared_pool.<field>` and
+`prefix_aware.<field>`."""
+PREFIXES = ("server.", "workload.", "shared_pool.", "prefix_aware.", "bill.", "price.")
+NAMED_PAUSES = {"study_a": "kvrepro.engines.sim.study_a:STUDY_A_PAUSE"}
+"""`workload.pause: study_a` stands for study A's fitted pause between turns."""
+DEFAULT_POINT_VERSION = "1"
+
+
+def _nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """{"pause.kind": "x", "seed": 1} -> {"pause": {"kind": "x"}, "seed": 1}."""
+    tree: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        node = tree
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
+
+
+def _resolve_pause(value: Any) -> Any:
+    if isinstance(value, str):
+        if value not in NAMED_PAUSES:
+            raise ValueError(f"parameter 'workload.pause': unknown name {value!r}; known: "
+                             f"{sorted(NAMED_PAUSES)} (or set workload.pause.kind, ...)")
+        module, _, attr = NAMED_PAUSES[value].partition(":")
+        return dict(getattr(importlib.import_module(module), attr))
+    return value
+
+
+def split_point(point: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The default point's parameters by what they set: `fleet` (server, tier and the
+    `FleetSpec` keys), `server` (overrides of the server spec: `dram_gb`, `flash_gb`,
+    `staging_gb`, `server.<dotted path>`), `workload` (`AgenticSpec`), `run`
+    (`max_in_flight`), `bill` (`ServerBill`) and `price` (`price_set`, `price.<field>`).
+    An unknown parameter is an error naming it."""
+    from kvrepro.tier_spec import CAPACITY_ALIASES
+
+    parts: dict[str, dict[str, Any]] = {k: {} for k in ("fleet", "server", "workload", "run",
+                                                        "bill", "price")}
+    for key, value in point.items():
+        prefix, _, rest = key.partition(".")
+        if key in ("server", "tier", *FLEET_KEYS):
+            parts["fleet"][key] = value
+        elif key in CAPACITY_ALIASES:
+            parts["server"][key] = value
+        elif key in WORKLOAD_KEYS:
+            parts["workload"][key] = value
+        elif key == "max_in_flight":
+            parts["run"][key] = value
+        elif key == "price_set":
+            parts["price"][key] = value
+        elif rest and f"{prefix}." in PREFIXES:
+            target = {"server": "server", "workload": "workload", "shared_pool": "fleet",
+                      "prefix_aware": "fleet", "bill": "bill", "price": "price"}[prefix]
+            parts[target][rest if target != "fleet" else key] = value
+        else:
+            raise ValueError(f"unknown parameter {key!r}; known: server, tier, "
+                             f"{', '.join(sorted(CAPACITY_ALIASES))}, "
+                             f"{', '.join(WORKLOAD_KEYS + FLEET_KEYS)}, max_in_flight, "
+                             f"price_set, or a prefix {', '.join(p + '<key>' for p in PREFIXES)}")
+    return parts
+
+
+@dataclass(frozen=True)
+class PointSetup:
+    """Everything a default point runs with, built and validated from its parameters."""
+
+    fleet: Any  # kvrepro.fleet_spec.FleetSpec (n_servers 1: one server)
+    is_fleet: bool  # run the fleet twin: the point has n_servers or routing
+    server_overrides: dict[str, Any]  # kvrepro.tier_spec.override_server keys
+    spec: Any  # the server spec (kvrepro.tier_spec.ServerSpec) with the overrides applied
+    workload: Any  # kvrepro.workload.AgenticSpec
+    max_in_flight: int | None
+    bill: Any  # kvrepro.calc.economics.ServerBill
+    prices: Any  # kvrepro.calc.economics.PriceSet
+
+
+def _validated(model: Any, data: Mapping[str, Any], prefix: str = "",
+               plain: Sequence[str] = ()) -> Any:
+    """`model.model_validate(data)`, its errors named by point parameter (`prefix` + key,
+    except the `plain` top-level keys, which are point parameters as they are)."""
+    try:
+        return model.model_validate(data)
+    except _ValidationError as err:
+        problems = []
+        for e in err.errors():
+            key = key_path(e["loc"])
+            name = key if key.split(".")[0] in plain else prefix + key
+            problems.append(f"parameter {name!r}: {e['msg']}")
+        raise ValueError("; ".join(problems)) from None
+
+
+def point_setup(point: Mapping[str, Any]) -> PointSetup:
+    """Build the fleet, server spec, workload spec and prices of a default point; every
+    invalid value is an error naming its parameter."""
+    from kvrepro.calc import economics
+    from kvrepro.fleet_spec import FleetSpec
+    from kvrepro.tier_spec import override_server
+    from kvrepro.workload import AgenticSpec
+
+    parts = split_point(point)
+    missing = [k for k in ("server", "tier") if k not in parts["fleet"]]
+    if missing:
+        raise ValueError(f"parameter(s) {missing} missing: a point names its server spec "
+                         "(cpu_tiny, study_a, or a path) and tier")
+    is_fleet = any(k in parts["fleet"] for k in ("n_servers", "routing"))
+    fleet = _validated(FleetSpec, _nest({"n_servers": 1, **parts["fleet"]}))
+    try:
+        base = fleet.server_spec()
+    except FileNotFoundError as err:
+        raise ValueError(f"parameter 'server': {err}") from err
+    spec = override_server(base, parts["server"])
+    spec.tier(fleet.tier)
+    workload = _nest(parts["workload"])
+    if "pause" in workload:
+        workload["pause"] = _resolve_pause(workload["pause"])
+    agentic = _validated(AgenticSpec, workload, "workload.", WORKLOAD_KEYS)
+    if agentic.warmup_s >= agentic.duration_s:
+        raise ValueError(f"parameter 'warmup_s' ({agentic.warmup_s:g} s) must be below "
+                         f"'duration_s' ({agentic.duration_s:g} s): nothing would be measured")
+    price_overrides = {k: v for k, v in parts["price"].items() if k != "price_set"}
+    prices = economics.load_prices(parts["price"].get("price_set", economics.DEFAULT_PRICE_SET),
+                                   overrides=price_overrides)
+    return PointSetup(fleet=fleet, is_fleet=is_fleet, server_overrides=parts["server"],
+                      spec=spec, workload=agentic,
+                      max_in_flight=parts["run"].get("max_in_flight"),
+                      bill=_validated(economics.ServerBill, _nest(parts["bill"]), "bill."),
+                      prices=prices)
+
+
+def check_default_point(point: Mapping[str, Any], where: str = "point") -> None:
+    """Fail before a sweep starts on a point the default point function cannot run."""
+    try:
+        point_setup(point)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+def configuration_cost(setup: PointSetup, throughput_tok_s: float) -> dict[str, float]:
+    """$/h and tokens per dollar of the point's servers, priced as notebook 10 prices them
+    (`economics.cost_table` of the tier's hardware, `economics.tokens_per_dollar`).
+
+    A fleet is n servers; with a shared pool the tier's hardware is bought once, scaled by
+    the pool's `capacity_scale`, instead of once per server (cost per hour is linear in
+    capex and watts, so the server and tier parts add)."""
+    from kvrepro.calc import economics
+
+    tier = setup.fleet.tier
+    hardware = {tier: economics.tier_hardware(setup.spec.tier(tier))}
+    one = economics.cost_table(hardware, setup.bill, setup.prices).iloc[0]
+    n = setup.fleet.n_servers
+    tier_copies = n
+    if n > 1 and setup.fleet.kv_pool == "shared":
+        tier_copies = setup.fleet.shared_pool.capacity_scale
+    tier_usd_h = tier_copies * float(one.tier_usd_per_h)
+    usd_h = n * (float(one.server_usd_per_h) - float(one.tier_usd_per_h)) + tier_usd_h
+    capex = n * (float(one.server_capex_usd) - float(one.tier_capex_usd)) + tier_copies * float(
+        one.tier_capex_usd)
+    binned = pd.DataFrame({"tier": [tier], "bin_start_s": [0.0], "bin_end_s": [1.0],
+                           "total_tok_s": [throughput_tok_s]})
+    costs = pd.DataFrame({"tier": [tier], "tier_usd_per_h": [tier_usd_h],
+                          "server_usd_per_h": [usd_h]})
+    per_dollar = economics.tokens_per_dollar(binned, costs).iloc[0]
+    return {"usd_per_h": usd_h, "tier_usd_per_h": tier_usd_h, "capex_usd": capex,
+            "tok_per_usd": float(per_dollar.tok_per_usd_server)}
+
+
+def _fleet_twin() -> Any:
+    """The fleet twin's module, imported when a point runs (only the twin needs it)."""
+    try:
+        from kvrepro.engines.sim import fleet
+    except ImportError as err:
+        raise RuntimeError(f"the default point needs the fleet twin, "
+                           f"kvrepro.engines.sim.fleet: {err}") from err
+    return fleet
+
+
+def _run_single(setup: PointSetup, workload: Any) -> Any:
+    """One server's run (`kvrepro.engines.run_result.RunResult`): the single-server twin's
+    `run`, the interface the live engine shares."""
+    from kvrepro.engines.sim import sim_profile
+    from kvrepro.engines.sim.campaign import run
+
+    return run(workload, sim_profile(setup.spec), setup.fleet.tier, progress=False,
+               warmup_s=setup.workload.warmup_s, max_in_flight=setup.max_in_flight)
+
+
+def _single_server(setup: PointSetup, workload: Any) -> dict[str, float]:
+    """One server: `_run_single`, read by `_single_headlines`."""
+    return _single_headlines(setup, _run_single(setup, workload))
+
+
+def _single_headlines(setup: PointSetup, result: Any) -> dict[str, float]:
+    """One server's run read by `fleet_headlines` as a fleet of one with private stores, so
+    that one server's and a fleet's rows have the same columns by the same definitions."""
+    fleet_twin = _fleet_twin()
+    tier = setup.fleet.tier
+    one = setup.fleet.model_copy(update={"n_servers": 1, "kv_pool": "private"})
+    as_fleet = fleet_twin.FleetResult(
+        result.records.assign(instance=0, routed_away=False),
+        result.samples.assign(instance=0), result.meta["stats"], one,
+        [s.name for s in setup.spec.tier(tier).stores], setup.workload.warmup_s,
+        setup.workload.duration_s)
+    return {**fleet_twin.fleet_headlines(as_fleet),
+            "unfinished_requests": float(result.meta["stats"].get("unfinished", 0))}
+
+
+def _fleet(setup: PointSetup, workload: Any) -> dict[str, float]:
+    """N servers behind a router: the fleet twin (`simulate_fleet`, `fleet_headlines`)."""
+    fleet_twin = _fleet_twin()
+    result = fleet_twin.simulate_fleet(workload, setup.fleet, progress=False,
+                                       warmup_s=setup.workload.warmup_s,
+                                       max_in_flight=setup.max_in_flight,
+                                       profile_overrides=setup.server_overrides or None)
+    return {**fleet_twin.fleet_headlines(result),
+            "unfinished_requests": float(result.stats.get("unfinished", 0))}
+
+
+@point_function(DEFAULT_POINT_VERSION)
+def default_point(point: Mapping[str, Any]) -> dict[str, float]:
+    """A twin run of one configuration and its headline numbers, priced.
+
+    Parameters (`split_point`): `server` and `tier` (required); `dram_gb`, `flash_gb`,
+    `staging_gb`, `server.<path>` (what-if overrides of the server spec); `seed`,
+    `session_rate_per_min` (the whole fleet's), `duration_s`, `warmup_s`, `workload.<field>`
+    (the agentic workload; `workload.pause: study_a` for study A's pause); `max_in_flight`;
+    `n_servers`, `routing`, `kv_pool`, `shared_pool.<field>`, `prefix_aware.<field>` (a
+    fleet: the fleet twin); `price_set`, `price.<field>` and `bill.<field>`
+    (`economics.ServerBill`, default study A's server). Returns
+    `kvrepro.engines.sim.fleet.fleet_headlines` (throughput in total and per server, median
+    and p90 TTFT, cached shares by source, cross-instance hits, store writes per day and
+    peak use; one server is read as a fleet of one), `unfinished_requests` and
+    `configuration_cost` ($/h, tokens per dollar).
+    """
+    from kvrepro.workload import generate_agentic
+
+    setup = point_setup(point)
+    workload = generate_agentic(setup.workload)
+    headlines = (_fleet if setup.is_fleet else _single_server)(setup, workload)
+    return {**headlines, **configuration_cost(setup, headlines["throughput_tok_s"])}
+
+
+default_point.check = check_default_point  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------- the what-if point function
+
+WHATIF_POINT_VERSION = "1"
+READ_KEYS = ("read.bin_s", "read.smooth_bins", "read.smooth", "read.fill_store")
+"""`whatif_point`'s parameters of how the run is read (the rest are `default_point`'s):
+the bin width and smoothing of the throughput curve (`analysis.StudyASettings` fields
+`bin_s`, `smooth_bins`, `smooth`) and the store whose fill time is reported."""
+
+
+@dataclass(frozen=True)
+class WhatIfRead:
+    """How `whatif_point` reads its run: study A's curve settings and the store that fills."""
+
+    settings: Any  # kvrepro.analysis.StudyASettings, run_s = the point's duration_s
+    fill_store: str
+
+
+def _whatif_read(point: Mapping[str, Any], setup: PointSetup) -> WhatIfRead:
+    """The `read.*` parameters as `StudyASettings` (checked by the analysis' own rules) and
+    the fill store (default: the tier's last store, its slowest and largest)."""
+    import math
+
+    from kvrepro import analysis
+
+    if setup.is_fleet:
+        raise ValueError("whatif_point reads one server's run; parameters n_servers / routing "
+                         "make a fleet (use default_point)")
+    stores = [s.name for s in setup.spec.tier(setup.fleet.tier).stores]
+    fill_store = point.get("read.fill_store", stores[-1] if stores else "")
+    if fill_store not in [*stores, ""]:
+        raise ValueError(f"parameter 'read.fill_store': tier {setup.fleet.tier!r} has no store "
+                         f"{fill_store!r}; its stores: {stores}")
+    defaults = analysis.StudyASettings()
+    bin_s = point.get("read.bin_s", defaults.bin_s)
+    if isinstance(bin_s, bool) or not isinstance(bin_s, int | float) or not (
+            math.isfinite(bin_s) and bin_s > 0):
+        raise ValueError(f"parameter 'read.bin_s' must be a number of seconds > 0, got {bin_s!r}")
+    settings = analysis.StudyASettings(
+        bin_s=float(bin_s), run_s=setup.workload.duration_s,
+        smooth_bins=point.get("read.smooth_bins", defaults.smooth_bins),
+        smooth=point.get("read.smooth", defaults.smooth))
+    try:  # the smoothing's own checks, before anything runs
+        analysis.smooth_rates(pd.DataFrame({"tier": [], "bin_start_s": []}),
+                              **settings.smoothing())
+    except ValueError as err:
+        raise ValueError(f"parameters 'read.smooth_bins' / 'read.smooth': {err}") from None
+    return WhatIfRead(settings=settings, fill_store=fill_store)
+
+
+def whatif_setup(point: Mapping[str, Any]) -> tuple[PointSetup, WhatIfRead]:
+    """`point_setup` of a what-if point's run parameters, and how its run is read."""
+    unknown = [k for k in point if k.startswith("read.") and k not in READ_KEYS]
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {unknown}; known: {', '.join(READ_KEYS)}")
+    setup = point_setup({k: v for k, v in point.items() if k not in READ_KEYS})
+    return setup, _whatif_read(point, setup)
+
+
+def saturation_headlines(result: Any, read: WhatIfRead) -> dict[str, float]:
+    """Where one server's tier saturates: `peak_tok_s` (the highest bin of study A's
+    throughput curve, `analysis.study_a_rates` with `read.settings`), `late_tok_s` (its
+    plateau over the late window, `analysis.plateau` / `late_window`: the last third) and
+    `fill_min` (`analysis.fill_time_s` of the fill store, exact from the run's stats; NaN:
+    it never filled)."""
+    from kvrepro import analysis
+
+    rates = analysis.study_a_rates(result.records, read.settings)
+    top = analysis.peak(rates, "total_tok_s")["peak_tok_s"]
+    late = analysis.plateau(rates, "total_tok_s", *read.settings.after_window())
+    fill_s = float("nan")
+    if read.fill_store:
+        fill_s = analysis.fill_time_s(result.samples, f"{read.fill_store}_bytes_used",
+                                      stats=result.meta["stats"])
+    return {"peak_tok_s": float(top.iloc[0]), "late_tok_s": float(late.iloc[0]),
+            "fill_min": fill_s / 60}
+
+
+@point_function(WHATIF_POINT_VERSION)
+def whatif_point(point: Mapping[str, Any]) -> dict[str, Any]:
+    """One server's twin run read for the what-if figure (notebook 07, `whatif-saturation`).
+
+    Parameters: `default_point`'s for one server (no `n_servers` / `routing`), and how the
+    run is read (`READ_KEYS`): `read.bin_s`, `read.smooth_bins`, `read.smooth` (defaults
+    `analysis.StudyASettings`'), `read.fill_store` (default the tier's last store). Returns
+    `default_point`'s columns (same run, same definitions: `ttft_median_s`, `cached_share`,
+    throughput over the measurement window, cost), `saturation_headlines` (`peak_tok_s`,
+    `late_tok_s`, `fill_min`) and `fill_store`.
+    """
+    from kvrepro.workload import generate_agentic
+
+    setup, read = whatif_setup(point)
+    result = _run_single(setup, generate_agentic(setup.workload))
+    headlines = _single_headlines(setup, result)
+    return {**headlines, **configuration_cost(setup, headlines["throughput_tok_s"]),
+            **saturation_headlines(result, read), "fill_store": read.fill_store}
+
+
+def check_whatif_point(point: Mapping[str, Any], where: str = "point") -> None:
+    """Fail before a sweep starts on a point `whatif_point` cannot run."""
+    try:
+        whatif_setup(point)
+    except (ValueError, FileNotFoundError) as err:
+        raise ValueError(f"{where}: {err}") from err
+
+
+whatif_point.check = check_whatif_point  # type: ignore[attr-defined]
+
+
+def _server_parameter(server: str) -> str:
+    """A shipped server's name as it is; a path made absolute (Ray workers may run elsewhere)."""
+    if "/" not in server and not server.endswith((".yaml", ".yml")):
+        return server
+    path = Path(server)
+    if not path.is_file():
+        raise FileNotFoundError(f"server spec not found: {server}")
+    return str(path.resolve())
+
+
+def whatif_grid(server: str, *, dram_gb: Sequence[float], flash_tb: Sequence[float],
+                dram_ttl_s: Sequence[float], session_rates_per_min: Sequence[float],
+                duration_s: float, bin_s: float, smooth_bins: int, seed: int = 0,
+                pause: str = "study_a") -> tuple[list[Point], pd.DataFrame]:
+    """Notebook 07's points: one knob changed per point from `server`'s spec, and their
+    labels.
+
+    Knobs: DRAM size (dram tier), flash size in TB (flash tier), a TTL on the DRAM store
+    (dram tier) and the session rate (dram tier). Every point runs `duration_s` of the
+    agentic load (`workload.pause`: `pause`, seed `seed`) and is read with `read.bin_s`
+    and `read.smooth_bins`. Returns the points (for `run_sweep(..., point_fn=whatif_point)`)
+    and a table `knob, value, point_id` in the figure's order (`whatif_table` joins them)."""
+    common = {"server": _server_parameter(server), "seed": seed, "duration_s": duration_s,
+              "workload.pause": pause, "read.bin_s": bin_s, "read.smooth_bins": smooth_bins}
+    ttl = "server.tiers.dram.stores.0"
+    knobs = [("DRAM (GB)", "dram", [({"dram_gb": g}, f"{g:g}") for g in dram_gb]),
+             ("flash (TB)", "flash", [({"flash_gb": t * 1000}, f"{t:g}") for t in flash_tb]),
+             ("DRAM TTL (min)", "dram", [({f"{ttl}.eviction": "ttl", f"{ttl}.ttl_s": t},
+                                          f"{t / 60:g}") for t in dram_ttl_s]),
+             ("sessions/min (DRAM tier)", "dram",
+              [({"session_rate_per_min": r}, f"{r:g}") for r in session_rates_per_min])]
+    points, labels = [], []
+    for knob, tier, values in knobs:
+        for change, label in values:
+            point = {**common, "tier": tier, **change}
+            points.append(point)
+            labels.append({"knob": knob, "value": label, "point_id": point_id(point)})
+    return expand_grid(points), pd.DataFrame(labels)
+
+
+def whatif_table(labels: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    """`whatif_grid`'s labels joined to a sweep's rows (`run_sweep`), in the labels' order;
+    a failed or missing point is an error naming it (the figure would silently lack it)."""
+    rows = table.set_index("point_id")
+    missing = [p for p in labels.point_id if p not in rows.index]
+    failed = [f"{p}: {rows.at[p, 'error']}" for p in labels.point_id
+              if p in rows.index and rows.at[p, "status"] != "ok"]
+    if missing or failed:
+        raise RuntimeError(f"what-if sweep incomplete: missing points {missing}, failed "
+                           f"points {failed}")
+    return labels.merge(table, on="point_id", how="left", validate="one_to_one")
+
+
+def sweep_folder(sweep_dir: str | Path = "", parent: str | Path = "") -> Path:
+    """The folder a notebook's sweep writes: `sweep_dir` when set (a rerun resumes it), else
+    a new empty folder (under `parent` when set, else the system's temporary folder), so that
+    a run never mixes with an older sweep's points."""
+    import tempfile
+
+    if str(sweep_dir):
+        return Path(sweep_dir)
+    if str(parent):
+        Path(parent).mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="sweep_", dir=str(parent) or None))
