@@ -78,8 +78,10 @@ def trap(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Server]:
 
 def test_health_check_ignores_proxy_variables(trap: _Server) -> None:
     with _Server(200) as target:
-        with pytest.raises(urllib.error.HTTPError, match="502"):  # control: env is honoured
-            urllib.request.urlopen(f"{target.url}/health", timeout=5)
+        # control: an opener built now honours the env (`urlopen`'s global opener keeps the
+        # proxies of whenever an earlier caller first built it, so it is not a control)
+        with pytest.raises(urllib.error.HTTPError, match="502"):
+            urllib.request.build_opener().open(f"{target.url}/health", timeout=5)
         assert len(trap.hits) == 1 and not target.hits
         assert http_ok(f"{target.url}/health", timeout_s=5)
         assert target.hits == ["GET /health"] and len(trap.hits) == 1

@@ -173,6 +173,7 @@ class ManagedProcess:
         finally:
             if proc is not None:
                 _signal_group(proc.pid, signal.SIGKILL)  # stray children of the group
+                wait_gone(self.pids)  # a SIGKILLed process takes a moment to exit under load
             if self._log is not None:
                 self._log.close()
                 self._log = None
