@@ -1,5 +1,5 @@
-"""Parse speed of the Claude Code telemetry reader on a ~100 MB OTLP JSON export (target:
->= 50 MB/s).
+"""Parse speed of the Claude Code telemetry reader on a ~100 MB OTLP JSON export, the
+current reader and the previous one side by side in one run (target: >= 200 MB/s).
 
 Usage: .venv/bin/python benchmarks/bench_otlp.py [--size-mb 100] [--repeats 3] [--gzip]
 
@@ -9,21 +9,38 @@ until the file
 reaches the size, in the collector file exporter's format with the attributes Claude Code
 sends (~1.4 KB per api_request). Every record is an api_request, the worst case for the
 reader: a real export also holds tool_result and other events, which it only counts.
-Prints MB/s (uncompressed bytes per second of wall-clock) as the median of the repeats.
+
+"previous" is the reader before its msgspec path (benchmarks/_otlp_reference.py, a copy
+of commit e68b3c6's reader); "current" is `kvrepro.analysis.token_mix.read_claude_code`.
+The two run in turns (previous, current, previous, ...) so that a change in the machine's
+load hits both alike, and must return the same frame and skips. Prints MB/s
+(uncompressed bytes per second of wall-clock) as the median of the repeats, and the load
+average, since a busy machine slows both.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import _otlp_reference as previous
+import pandas as pd
 
 from kvrepro.analysis.token_mix import read_claude_code
 from kvrepro.workload import synthetic_claude_code as synth
+
+READERS: dict[str, Callable[[Path], Any]] = {
+    "previous (e68b3c6: regex + json)": previous.read_claude_code,
+    "current (msgspec + regex)": read_claude_code,
+}
 
 
 def generate(path: Path, size_bytes: int) -> int:
@@ -40,21 +57,36 @@ def generate(path: Path, size_bytes: int) -> int:
     return records
 
 
-def time_read(path: Path, repeats: int) -> tuple[list[float], int]:
-    """Wall-clock seconds of `read_claude_code` per repeat, and the rows it returned."""
-    times_s, rows = [], 0
+def time_readers(path: Path, repeats: int) -> dict[str, list[float]]:
+    """Wall-clock seconds of each reader per repeat, in turns; checks that both return
+    the same frame, skips and ignored counts."""
+    times_s: dict[str, list[float]] = {label: [] for label in READERS}
+    results = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        rows = len(read_claude_code(path).frame)
-        times_s.append(time.perf_counter() - start)
-    return times_s, rows
+        for label, read in READERS.items():
+            start = time.perf_counter()
+            results[label] = read(path)
+            times_s[label].append(time.perf_counter() - start)
+    old, new = results.values()
+    pd.testing.assert_frame_equal(old.frame, new.frame)
+    pd.testing.assert_frame_equal(old.skipped, new.skipped)
+    assert old.ignored == new.ignored
+    print(f"  both: the same {len(new.frame):,} rows, {len(new.skipped)} skips and "
+          f"{sum(new.ignored.values())} ignored events")
+    return times_s
 
 
-def report(label: str, size_bytes: int, times_s: list[float], rows: int) -> None:
-    rates = [size_bytes / 1e6 / t for t in times_s]
-    print(f"{label}: {statistics.median(rates):.1f} MB/s median "
-          f"(min {min(rates):.1f}, max {max(rates):.1f}; {len(times_s)} runs, "
-          f"{statistics.median(times_s):.2f} s for {size_bytes / 1e6:.1f} MB, {rows:,} rows)")
+def report(size_bytes: int, times_s: dict[str, list[float]]) -> None:
+    """MB/s of each reader: median, min and max over the repeats; the speed-up."""
+    medians = {}
+    for label, seconds in times_s.items():
+        rates = [size_bytes / 1e6 / t for t in seconds]
+        medians[label] = statistics.median(rates)
+        print(f"  {label}: {medians[label]:.1f} MB/s median "
+              f"(min {min(rates):.1f}, max {max(rates):.1f}; {len(seconds)} runs, "
+              f"{statistics.median(seconds):.2f} s for {size_bytes / 1e6:.1f} MB)")
+    old, new = medians.values()
+    print(f"  speed-up (medians): {new / old:.2f}x")
 
 
 def main() -> None:
@@ -70,13 +102,17 @@ def main() -> None:
         records = generate(path, int(args.size_mb * 1e6))
         size = path.stat().st_size
         print(f"generated {size / 1e6:.1f} MB, {records:,} api_request records "
-              f"({size / records:.0f} B each) in {time.perf_counter() - start:.1f} s")
-        report("OTLP JSON lines", size, *time_read(path, args.repeats))
+              f"({size / records:.0f} B each) in {time.perf_counter() - start:.1f} s; "
+              f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        print("OTLP JSON lines")
+        report(size, time_readers(path, args.repeats))
         if args.gzip:
             packed = folder / "claude_code_export.jsonl.gz"
             with open(path, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
                 shutil.copyfileobj(src, dst)
-            report("same, gzip (uncompressed MB/s)", size, *time_read(packed, args.repeats))
+            print("same, gzip (uncompressed MB/s)")
+            report(size, time_readers(packed, args.repeats))
+        print(f"load average at the end {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(folder)
 

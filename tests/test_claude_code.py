@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -16,6 +18,7 @@ from kvrepro.analysis.token_mix import (
     FRAME_DTYPES,
     NoUsableRecordsError,
     TelemetryFormatError,
+    _msgspec_logs,
     _reduce_attribute_lists,
     mix_shares,
     read_claude_code,
@@ -511,3 +514,133 @@ def test_mix_sweep_and_figures() -> None:
     assert "%" in fig.axes[0].get_xlabel()
     with pytest.raises(ValueError, match=r"figure A1: data lacks column\(s\) \['share_pct'\]"):
         a1_token_mix(mix.drop(columns="share_pct"))
+
+
+# ----------------------------------------------------------------------------- the fast OTLP path
+
+
+def _plain_attrs(listed: list[dict]) -> dict[str, object]:
+    """OTLP attributes read the plain way: the value of the kind each one has."""
+    out = {}
+    for item in listed:
+        value = item.get("value") or {}
+        out[item["key"]] = next((value[k] for k in ("stringValue", "intValue", "doubleValue")
+                                 if k in value), None)
+    return out
+
+
+def _plain_counts(attrs: dict[str, object]) -> tuple[int, ...]:
+    """The four token counts of an api_request; ValueError with the reader's reason."""
+    counts = []
+    for column in ("input_tokens", "output_tokens", "cache_read_tokens",
+                   "cache_creation_tokens"):
+        value = attrs.get(column)
+        try:
+            count = None if value is None else int(value)
+        except ValueError:
+            raise ValueError(f"{column} is not an integer: {value!r}") from None
+        if count is not None and count < 0:
+            raise ValueError(f"{column} is negative: {count}")
+        counts.append(count)
+    if all(c is None for c in counts):
+        raise ValueError("api_request without any token count")
+    return tuple(c or 0 for c in counts)
+
+
+def _plain_read(data: bytes, path: str) -> tuple[list[tuple], list[tuple], Counter]:
+    """An OTLP logs export read line by line with the `json` module, written apart from
+    the reader: rows, skips (file, line, record, reason) and ignored event names."""
+    rows, skips, ignored = [], [], Counter()
+    for line_no, raw in enumerate(data.splitlines(keepends=True), 1):  # "\n" kept as read
+        if not raw.strip():
+            continue
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            skips.append((path, line_no, "", f"not UTF-8 text (byte 0x{raw[err.start]:02x} "
+                          f"at column {err.start + 1}: {err.reason})"))
+            continue
+        except json.JSONDecodeError as err:
+            skips.append((path, line_no, "", f"invalid JSON ({err.msg})"))
+            continue
+        if "resourceLogs" not in doc:
+            skips.append((path, line_no, "",
+                          "not an OTLP export (no resourceLogs/resourceMetrics)"))
+            continue
+        for i, resource in enumerate(doc["resourceLogs"]):
+            res = _plain_attrs(resource.get("resource", {}).get("attributes", []))
+            for j, scope in enumerate(resource["scopeLogs"]):
+                for k, rec in enumerate(scope["logRecords"]):
+                    attrs = _plain_attrs(rec.get("attributes", []))
+                    name = (rec.get("body") or {}).get("stringValue") or \
+                        f"claude_code.{attrs['event.name']}"
+                    if name != "claude_code.api_request":
+                        ignored[name] += 1
+                        continue
+                    try:
+                        counts = _plain_counts(attrs)
+                    except ValueError as err:
+                        skips.append((path, line_no,
+                                      f"resourceLogs[{i}].scopeLogs[{j}].logRecords[{k}]",
+                                      str(err)))
+                        continue
+                    rows.append((int(rec["timeUnixNano"]) / 1e9,
+                                 attrs.get("session.id") or res.get("session.id"),
+                                 attrs.get("model") or res.get("model"), *counts, "otlp-logs"))
+    return rows, skips, ignored
+
+
+def _corrupted_export(lines: list[bytes]) -> list[bytes]:
+    """Generated lines with the variations and damage of real exports at known lines."""
+    lines = list(lines)
+    token = rb'\{"key":"%s","value":\{"intValue":"[0-9]+"\}\}'
+    lines[2] = lines[2][:len(lines[2]) // 2]  # cut short
+    lines[9] = lines[9][:300] + b"\xff" + lines[9][300:]  # not UTF-8
+    lines[19] = re.sub(token % b"input_tokens", b'{"key":"input_tokens","value":'
+                       b'{"stringValue":"abc"}}', lines[19])
+    lines[29] = re.sub(token % b"output_tokens", b'{"key":"output_tokens","value":'
+                       b'{"intValue":"-5"}}', lines[29])
+    lines[39] = re.sub(rb"," + token % rb"[a-z_]+_tokens", b"", lines[39])  # no count
+    lines[49] = b'{"unexpected": true}'
+    lines[59] = lines[59].replace(b'"attributes":[', b'"attributes":[{"key":"paths","value":'
+                                  b'{"arrayValue":{"values":[{"stringValue":"/a"}]}}},', 2)
+    lines[69] = lines[69].replace(b'"session.id","value":{"stringValue":"',
+                                  b'"session.id","value":{"stringValue":"\\u0041', 1)
+    lines[79] = json.dumps(json.loads(lines[79])).encode()  # spaces after separators
+    doc = json.loads(lines[89])
+    doc["resourceLogs"][0]["resource"]["attributes"].append(attr("session.id", "from-res"))
+    records = doc["resourceLogs"][0]["scopeLogs"][0]["logRecords"]
+    records.append({**records[0], "body": {"stringValue": "claude_code.tool_result"}})
+    records.append({**records[0], "body": None})  # named by event.name only
+    for rec in records:
+        rec["attributes"] = [a for a in rec["attributes"] if a["key"] != "session.id"]
+    lines[89] = json.dumps(doc, separators=(",", ":")).encode()
+    lines.insert(95, b"   ")
+    return lines
+
+
+def test_fast_otlp_path_reads_as_a_plain_json_reading(tmp_path: Path) -> None:
+    """The reader (msgspec for most lines, the general path for the others) gives the rows,
+    skips and ignored counts of a plain `json` reading, on a generated export with damaged
+    and unusual lines; the clean lines do take the msgspec path."""
+    spec = small_spec(seed=3)
+    clean = [line.encode() for line in synth.otlp_log_lines(synth.synthetic_requests(spec),
+                                                            spec)]
+    lines = _corrupted_export(clean)
+    path = tmp_path / "export.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rows, skips, ignored = _plain_read(path.read_bytes(), str(path))
+    result = read_claude_code(path)
+    assert dict(result.frame.dtypes.astype(str)) == FRAME_DTYPES
+    assert list(result.frame.itertuples(index=False, name=None)) == rows
+    assert list(result.skipped.itertuples(index=False, name=None)) == skips
+    assert result.ignored == dict(ignored) == {"claude_code.tool_result": 1}
+    assert len(rows) > 600 and [s[1] for s in skips] == [3, 10, 20, 30, 30, 40, 50]
+    sessions = result.frame.session_id
+    assert sessions.str.startswith("A").sum() == 1  # the escape, decoded
+    assert (sessions == "from-res").sum() == 2  # the resource's, for records without one
+    general = [n for n, line in enumerate(lines, 1)  # the reader checks UTF-8 first
+               if line.strip() and line.isascii() and _msgspec_logs(line, {}) is None]
+    assert general == [3, 20, 30, 40, 50, 60, 80]  # skipped, nested value, spaced
+    with pytest.raises(TelemetryFormatError, match=rf"^{path}:3: invalid JSON"):
+        read_claude_code(path, strict=True)

@@ -17,12 +17,14 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvrepro.analysis import token_mix
 from kvrepro.analysis.token_mix import (
     NoUsableRecordsError,
     TelemetryFormatError,
@@ -196,6 +198,32 @@ def test_claude_code_otlp_reader_on_corrupted_exports(data: bytes, strict: bool)
     if strict:
         assert result.skipped.empty
     assert set(result.skipped.file) <= {str(path)}
+
+
+def _read_otlp(path: Path, strict: bool) -> Any:
+    """The reader's whole result, or the message of the package's error it raised."""
+    try:
+        return read_claude_code(path, strict=strict, signal="both")
+    except (NoUsableRecordsError, TelemetryFormatError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
+@FUZZ
+@given(data=corrupted(OTLP), strict=st.booleans())
+def test_claude_code_fast_path_reads_like_the_general_path(data: bytes, strict: bool) -> None:
+    """The msgspec path takes a line only when it reads it as the general path (regex +
+    json) does: with and without it, any corrupted export gives the same frame, skips,
+    ignored counts, or the same error."""
+    path = _write("claude.jsonl", data)
+    fast = _read_otlp(path, strict)
+    with mock.patch.object(token_mix, "_msgspec_logs", return_value=None):
+        general = _read_otlp(path, strict)
+    if isinstance(fast, str) or isinstance(general, str):
+        assert fast == general
+        return
+    pd.testing.assert_frame_equal(fast.frame, general.frame)
+    pd.testing.assert_frame_equal(fast.skipped, general.skipped)
+    assert fast.ignored == general.ignored
 
 
 @FUZZ

@@ -1,0 +1,789 @@
+"""The Claude Code reader as it was before the msgspec path (commit e68b3c6,
+kvrepro/analysis/token_mix.py without its token-mix section), kept only so that
+benchmarks/bench_otlp.py can time the previous and the current reader side by side in one
+run. Not part of the package; do not import it elsewhere.
+
+Its OTLP path replaces every all-scalar attribute list by a marker before `json.loads` and
+reads the attributes it needs with one regex pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from itertools import chain
+from pathlib import Path
+from typing import IO, Any, Literal, NamedTuple
+
+import numpy as np
+import pandas as pd
+
+from kvrepro._checks import UNDECODABLE_RE, not_utf8
+
+TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
+FRAME_DTYPES: dict[str, str] = {
+    "timestamp_s": "float64", "session_id": "object", "model": "object",
+    **dict.fromkeys(TOKEN_COLUMNS, "int64"), "source": "object",
+}
+SKIP_COLUMNS = ["file", "line", "record", "reason"]
+API_REQUEST = "claude_code.api_request"
+TOKEN_METRIC = "claude_code.token.usage"
+METRIC_TYPES = {"input": "input_tokens", "output": "output_tokens",
+                "cacheRead": "cache_read_tokens", "cacheCreation": "cache_creation_tokens"}
+MIX_TYPES = {"cache_read": "cache_read_tokens", "cache_creation": "cache_creation_tokens",
+             "output": "output_tokens", "input": "input_tokens"}
+"""Token types of the mix in the study's order, and the frame column each one sums."""
+MIX_LABELS = {"cache_read": "cache read", "cache_creation": "cache creation",
+              "output": "output", "input": "uncached input"}
+ExportFormat = Literal["auto", "otlp", "loki", "csv"]
+Signal = Literal["auto", "logs", "metrics", "both"]
+
+
+class TelemetryFormatError(ValueError):
+    """A record the reader cannot use (raised with `strict=True`); the message starts with
+    file:line so the record can be found in the export."""
+
+
+class NoUsableRecordsError(ValueError):
+    """A file held no usable api_request event nor token.usage data point."""
+
+
+class _Skip(Exception):
+    """Internal: the current record is unusable; the message is the reason."""
+
+
+# ----------------------------------------------------------------------------- value helpers
+
+
+def _text(value: Any) -> str | None:
+    """An attribute value as text; raw JSON bytes (the OTLP fast path) are decoded."""
+    if value is None or value == b"" or value == "":
+        return None
+    if isinstance(value, bytes):
+        if value[:1] == b'"':
+            return _json_string(value) if b"\\" in value else value[1:-1].decode()
+        return value.decode()
+    return value if isinstance(value, str) else str(value)
+
+
+def _json_string(raw: bytes) -> str:
+    """A raw JSON string of the fast path, which `json.loads` of the line did not check
+    (attribute lists are read by regex): a bad escape makes the record a skip."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise _Skip(f"attribute text {raw[:60]!r} is not a valid JSON string") from None
+
+
+def _invalid_json(exc: ValueError) -> str:
+    """The reason of a failed `json.loads` of bytes (not UTF-8, or not JSON)."""
+    if isinstance(exc, UnicodeDecodeError):
+        return not_utf8(exc)[1]
+    return f"invalid JSON ({getattr(exc, 'msg', exc)})"
+
+
+def _count(value: Any, name: str) -> int | None:
+    """A token count: int, float with no fraction, or either as text; None if missing."""
+    if type(value) is bytes:  # the fast path: raw JSON of an intValue
+        try:
+            number = int(value.strip(b'"'))
+        except ValueError:
+            pass
+        else:
+            if 0 <= number < _INT64_END:
+                return number
+    if value is None or value == b"" or value == "":
+        return None
+    if isinstance(value, bytes):
+        value = value.strip(b'"').decode()
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            try:
+                value = float(value)
+            except ValueError:
+                raise _Skip(f"{name} is not an integer: {value!r}") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _Skip(f"{name} is not an integer: {value!r}")
+    if value < 0:
+        raise _Skip(f"{name} is negative: {value}")
+    if value >= _INT64_END:
+        raise _Skip(f"{name} is too large for a token count: {value}")
+    return value
+
+
+def _nanos_to_s(value: Any) -> float | None:
+    """Unix nanoseconds (int or text) to seconds; 0 or missing means unknown (None)."""
+    if value is None or value == "":
+        return None
+    try:
+        nanos = int(value)
+        return nanos / 1e9 if nanos > 0 else None
+    except (TypeError, ValueError, OverflowError):
+        raise _Skip(f"time {str(value)[:60]!r} is not integer nanoseconds") from None
+
+
+def _any_time_to_s(value: Any) -> float | None:
+    """A timestamp as ISO 8601 text or as a Unix epoch in s, ms, us or ns (by magnitude)."""
+    text = _text(value)
+    if text is None:
+        return None
+    try:
+        epoch = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise _Skip(f"timestamp {text!r} is neither ISO 8601 nor a Unix epoch") from None
+        if moment.tzinfo is None:  # exports write UTC; a naive time is taken as UTC
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+    for threshold, scale in ((1e17, 1e9), (1e14, 1e6), (1e11, 1e3)):
+        if epoch > threshold:
+            return epoch / scale
+    return epoch if epoch > 0 else None
+
+
+def _canonical_event(name: str | None) -> str | None:
+    """`api_request` and `claude_code.api_request` name the same event."""
+    if not name:
+        return None
+    return name if name.startswith("claude_code.") else f"claude_code.{name}"
+
+
+# ----------------------------------------------------------------------------- OTLP fast path
+
+_STR = rb'(?>"[^"\\]*+(?:\\.[^"\\]*+)*+")'
+_SCALAR = rb"(?:" + _STR + rb"|-?[0-9][-+0-9.eE]*+|true|false|null)"
+# Atomic groups and possessive quantifiers (Python >= 3.11): a JSON token never needs
+# backtracking, and forbidding it makes these patterns ~40 % faster.
+
+
+def _attr_pattern(key: bytes, capture: bool) -> bytes:
+    """Regex of one scalar attribute object; `key` is the regex of its quoted name."""
+    key, value = (b"(" + key + b")", b"(" + _SCALAR + b")") if capture else (key, _SCALAR)
+    parts = [rb"\{", rb'"key"', b":", key, b",", rb'"value"', b":", rb"\{",
+             rb'(?:"[A-Za-z]+"\s*+:\s*+' + value + b")?", rb"\}", rb"\}"]
+    return rb"\s*+".join(parts)
+
+
+def _key(name: str) -> bytes:
+    return json.dumps(name).encode()
+
+
+_LOG_KEYS = (*TOKEN_COLUMNS, "model", "session.id", "event.name", "event.timestamp")
+_ATTR_RE = re.compile(_attr_pattern(_STR, capture=True))
+"""One scalar OTLP attribute; groups: the key and the value as raw JSON (quoted if text)."""
+_LOG_ATTR_RE = re.compile(_attr_pattern(
+    b'"(?:' + b"|".join(re.escape(k.encode()) for k in _LOG_KEYS) + b')"', capture=True))
+"""Only the attributes an api_request row needs: skipping the others in C, not Python, is
+what makes the log path fast (real records carry ~20 attributes)."""
+_ATTR_LIST_RE = re.compile(rb'"attributes"\s*+:\s*+\[\s*+((?:' + _attr_pattern(_STR, False)
+                           + rb")(?:\s*+,\s*+" + _attr_pattern(_STR, False) + rb")*+)?\s*+\]")
+"""A whole attribute list whose every element is a scalar attribute (the common case)."""
+_MARK = "\x00"
+_INT64_END = 2**63
+"""Token counts must fit the frame's int64 columns."""
+
+
+_K_IN, _K_OUT, _K_READ, _K_CREATE = (_key(c) for c in TOKEN_COLUMNS)
+_K_MODEL, _K_SESSION, _K_EVENT, _K_EVENT_TS = (
+    _key(k) for k in ("model", "session.id", "event.name", "event.timestamp"))
+_TOKEN_KEYS = (_K_IN, _K_OUT, _K_READ, _K_CREATE)
+
+
+def _reduce_attribute_lists(raw: bytes) -> tuple[bytes, list[tuple[int, int]]]:
+    """Replace each all-scalar attribute list by a marker string; return the spans of the
+    lists in `raw`, so `json.loads` builds one small string per list instead of two dicts
+    per attribute. Lists with nested values (arrays, maps) stay JSON and are read normally."""
+    spans: list[tuple[int, int]] = []
+
+    def mark(match: re.Match[bytes]) -> bytes:
+        if match.group(1) is None:
+            return b'"attributes":[]'
+        spans.append(match.span(1))
+        return b'"attributes":"\\u0000%d"' % (len(spans) - 1)
+
+    return _ATTR_LIST_RE.sub(mark, raw), spans
+
+
+def _any_value(value: Any) -> Any:
+    """The payload of an OTLP AnyValue object (`{"intValue": "5"}` -> "5")."""
+    if not isinstance(value, dict):
+        return value
+    for kind in ("stringValue", "intValue", "doubleValue", "boolValue", "bytesValue"):
+        if kind in value:
+            return value[kind]
+    return value or None
+
+
+def _attrs(value: Any, raw: bytes, spans: list[tuple[int, int]],
+           pattern: re.Pattern[bytes] = _ATTR_RE) -> dict[bytes, Any]:
+    """Attributes keyed by their JSON-quoted name; values raw JSON bytes or Python values.
+
+    A marked list is read from `raw` with `pattern` (all attributes, or only the log keys)."""
+    if type(value) is str and value[:1] == _MARK:
+        try:
+            start, end = spans[int(value[1:])]
+        except (ValueError, IndexError):  # the line itself holds a string like the marker
+            raise _Skip(f"attributes {value!r} is not an attribute list") from None
+        return dict(pattern.findall(raw, start, end))
+    if value is None:
+        return {}
+    if not isinstance(value, list):
+        raise _Skip("'attributes' is not a list")
+    out: dict[bytes, Any] = {}
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("key"), str):
+            raise _Skip("attribute without a 'key'")
+        out[_key(item["key"])] = _any_value(item.get("value"))
+    return out
+
+
+def _py_attrs(attrs: Mapping[bytes, Any]) -> dict[str, Any]:
+    """Attributes with plain names and Python values (for metric series identity)."""
+    out = {}
+    for key, value in attrs.items():
+        name = _json_string(key) if isinstance(key, bytes) else key
+        out[name] = _text(value) if isinstance(value, bytes) else value
+    return out
+
+
+def _as_list(value: Any, what: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _Skip(f"'{what}' is not a list")
+    return value
+
+
+def _dict_get(value: Any, key: str, what: str) -> Any:
+    if not isinstance(value, dict):
+        raise _Skip(f"{what} is not a JSON object")
+    return value.get(key)
+
+
+def _body_event(body: Any) -> str | None:
+    """The event name when the log body carries it (`claude_code.<event>`)."""
+    if isinstance(body, dict):
+        body = body.get("stringValue")
+    if isinstance(body, str) and body.startswith("claude_code."):
+        return body
+    return None
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+class _Point(NamedTuple):
+    """One `claude_code.token.usage` data point, before cumulative values become deltas."""
+
+    series: tuple
+    temporality: str
+    start_ns: int
+    time_ns: int
+    value: int
+    column: str
+    session_id: str | None
+    model: str | None
+
+
+def _temporality(value: Any) -> str:
+    """OTLP AggregationTemporality (1 = delta, 2 = cumulative; enum names in some exports)."""
+    text = str(value).upper()
+    if text in ("1", "AGGREGATION_TEMPORALITY_DELTA", "DELTA"):
+        return "delta"
+    if text in ("2", "AGGREGATION_TEMPORALITY_CUMULATIVE", "CUMULATIVE"):
+        return "cumulative"
+    raise _Skip(f"aggregationTemporality missing or unknown: {value!r}")
+
+
+def _point(point: Any, resource: Mapping[bytes, Any], temporality: str, raw: bytes,
+           spans: list[tuple[int, int]]) -> _Point:
+    """Validate one data point of the token.usage sum."""
+    attrs = {**_py_attrs(resource),
+             **_py_attrs(_attrs(_dict_get(point, "attributes", "data point"), raw, spans))}
+    column = METRIC_TYPES.get(str(attrs.get("type")))
+    if column is None:
+        raise _Skip(f"token type {attrs.get('type')!r} is not one of {sorted(METRIC_TYPES)}")
+    value = _count(point.get("asInt", point.get("asDouble")), "token.usage value")
+    if value is None:
+        raise _Skip("data point without asInt/asDouble")
+    time_s = _nanos_to_s(point.get("timeUnixNano"))
+    if time_s is None:
+        raise _Skip("data point without timeUnixNano")
+    start_ns = int(point["startTimeUnixNano"]) if _nanos_to_s(
+        point.get("startTimeUnixNano")) else 0  # validated first: garbage is a skip
+    series = tuple(sorted((k, str(v)) for k, v in attrs.items()))
+    return _Point(series, temporality, start_ns, int(point["timeUnixNano"]), value, column,
+                  _text(attrs.get("session.id")), _text(attrs.get("model")))
+
+
+def _deltas(points: Sequence[_Point]) -> list[tuple[_Point, int]]:
+    """Per series, cumulative values to deltas; a drop or a new start time is a reset."""
+    by_series: dict[tuple, list[_Point]] = defaultdict(list)
+    for p in points:
+        by_series[(p.series, p.temporality)].append(p)
+    out: list[tuple[_Point, int]] = []
+    for (_, temporality), series in by_series.items():
+        if temporality == "delta":
+            out.extend((p, p.value) for p in series)
+            continue
+        series.sort(key=lambda p: (p.time_ns, p.value))
+        previous: _Point | None = None
+        for p in series:
+            restarted = previous is not None and p.start_ns and previous.start_ns and \
+                p.start_ns != previous.start_ns
+            reset = previous is None or p.value < previous.value or restarted
+            out.append((p, p.value if reset else p.value - previous.value))
+            previous = p
+    return out
+
+
+def _metric_rows(points: Sequence[_Point]) -> list[tuple]:
+    """Deltas summed per (time, session, model): one frame row per export interval."""
+    sums: dict[tuple, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TOKEN_COLUMNS, 0))
+    for p, delta in _deltas(points):
+        sums[(p.time_ns, p.session_id, p.model)][p.column] += delta
+    return [(t / 1e9, session, model, *(c[k] for k in TOKEN_COLUMNS), "otlp-metrics")
+            for (t, session, model), c in sorted(sums.items(), key=lambda kv: kv[0][0])]
+
+
+# ----------------------------------------------------------------------------- flat records
+
+_LOGFMT_RE = re.compile(r'([^\s=]+)=("(?:[^"\\]|\\.)*"|\S*)')
+_TIME_FIELDS = ("timestamp_s", "event_timestamp", "timestamp", "time", "_time")
+_NAME_FIELDS = ("body", "msg", "message", "event")
+
+
+def _norm_key(key: str) -> str:
+    """Field names as Loki/Grafana/CSV spell them, reduced to one form (`session.id`,
+    `attributes_session_id` and `Session_ID` all become `session_id`)."""
+    name = str(key).strip().lower().replace(".", "_").replace("-", "_")
+    for prefix in ("attributes_", "attribute_", "resources_", "resource_"):
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _normalize(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {_norm_key(k): v for k, v in fields.items()}
+
+
+def _flatten_json(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON log line: top-level fields plus nested maps (`attributes`, `resources`), the
+    record's own attributes taking precedence over resource attributes."""
+    nested = [v for k, v in record.items() if isinstance(v, dict) and "attribute" not in k]
+    attrs = [v for k, v in record.items() if isinstance(v, dict) and "attribute" in k]
+    out: dict[str, Any] = {}
+    for part in nested:
+        out.update(_normalize(part))
+    out.update({_norm_key(k): v for k, v in record.items() if not isinstance(v, dict)})
+    for part in attrs:
+        out.update(_normalize(part))
+    return out
+
+
+def _parse_line(line: Any) -> dict[str, Any]:
+    """One Loki log line: a JSON record, logfmt, or the bare body (the event name)."""
+    if not isinstance(line, str):
+        raise _Skip(f"Loki log line is not text: {type(line).__name__}")
+    text = line.strip()
+    if text.startswith("{"):
+        try:
+            record = json.loads(text)
+        except ValueError:
+            raise _Skip("log line starts with '{' but is not valid JSON") from None
+        if not isinstance(record, dict):
+            raise _Skip("JSON log line is not an object")
+        return _flatten_json(record)
+    out: dict[str, Any] = {}
+    first = text.split(maxsplit=1)[0] if text else ""
+    if first and "=" not in first:
+        out["body"] = first
+    for key, value in _LOGFMT_RE.findall(text):
+        if value.startswith('"'):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                value = value[1:-1]
+        out[_norm_key(key)] = value
+    return out
+
+
+def _flat_event_name(fields: Mapping[str, Any]) -> str | None:
+    name = _text(fields.get("event_name"))
+    if name:
+        return _canonical_event(name)
+    for key in _NAME_FIELDS:
+        value = _text(fields.get(key))
+        if value and value.startswith("claude_code."):
+            return value
+    return None
+
+
+def _flat_time_s(fields: Mapping[str, Any]) -> float | None:
+    for key in _TIME_FIELDS:
+        if fields.get(key) not in (None, ""):
+            return _any_time_to_s(fields[key])
+    return None
+
+
+# ----------------------------------------------------------------------------- the reader
+
+
+@dataclass(frozen=True)
+class ClaudeCodeTelemetry:
+    """Token counts read from an export, and an account of everything not used.
+
+    `frame`: one row per api_request event (or per metric export interval, session and model
+    when read from `claude_code.token.usage`), columns `FRAME_DTYPES`. `skipped`: unusable
+    records (`SKIP_COLUMNS`). `ignored`: other events and metrics by name. `set_aside`: rows of
+    the signal not used (`signal="auto"` uses the log events when there are any, since logs
+    and metrics count the same tokens twice).
+    """
+
+    frame: pd.DataFrame
+    skipped: pd.DataFrame
+    ignored: dict[str, int]
+    set_aside: dict[str, int]
+    paths: tuple[Path, ...]
+    signal: str
+
+    def skip_counts(self) -> pd.Series:
+        """Skipped records per reason, most frequent first."""
+        return self.skipped.reason.value_counts()
+
+    def report(self) -> str:
+        """A few lines for a notebook or log: what was read, skipped, ignored, set aside."""
+        names = ", ".join(p.name for p in self.paths)
+        lines = [f"{len(self.frame):,} rows from {names} (signal: {self.signal})",
+                 f"skipped {len(self.skipped):,} record(s)"]
+        lines += [f"  {n:,} x {reason}" for reason, n in self.skip_counts().items()]
+        if self.ignored:
+            lines.append("ignored (other events/metrics): " + ", ".join(
+                f"{k} {v:,}" for k, v in sorted(self.ignored.items())))
+        if self.set_aside:
+            lines.append("set aside: " + ", ".join(
+                f"{k} {v:,}" for k, v in sorted(self.set_aside.items())))
+        return "\n".join(lines)
+
+
+def _is_json(raw: bytes) -> bool:
+    try:
+        json.loads(raw)
+    except ValueError:
+        return False
+    return True
+
+
+def _open(path: Path) -> IO[bytes]:
+    """Open plain or gzip input, recognised by its magic bytes rather than its name."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def _head(path: Path, size: int) -> bytes:
+    """The first `size` bytes (decompressed), or as many as a truncated gzip file holds."""
+    chunks, total = [], 0
+    with _open(path) as fh:
+        try:
+            while total < size and (chunk := fh.read(min(8192, size - total))):
+                chunks.append(chunk)
+                total += len(chunk)
+        except (EOFError, OSError, zlib.error):
+            pass  # sniff what could be read; reading the file then reports where it ends
+    return b"".join(chunks)
+
+
+def _sniff(path: Path) -> str:
+    """Guess the format from the first 64 KiB: OTLP, Loki response or CSV."""
+    head = _head(path, 65_536)
+    if not head.strip():
+        raise NoUsableRecordsError(f"{path}: the file is empty")
+    if any(k in head for k in (b'"resourceLogs"', b'"resourceMetrics"', b'"resourceSpans"')):
+        return "otlp"  # checked first: a corrupted first byte must not make it a CSV
+    if head.lstrip()[:1] not in (b"{", b"["):
+        return "csv"
+    return "loki" if any(k in head for k in (b'"result"', b'"streams"', b'"values"')) else "otlp"
+
+
+class _Reader:
+    """Accumulates rows, metric points, skips and ignored counts across files."""
+
+    def __init__(self, strict: bool):
+        self.strict = strict
+        self.rows: list[tuple] = []
+        self.points: list[_Point] = []
+        self.skipped: list[tuple[str, int | None, str, str]] = []
+        self.ignored: Counter[str] = Counter()
+        self.file = ""
+
+    def skip(self, line: int | None, record: str, reason: str) -> None:
+        if self.strict:
+            where = f" ({record})" if record else ""
+            at = "" if line is None else f":{line}"  # None: where a gzip stream broke
+            raise TelemetryFormatError(f"{self.file}{at}: {reason}{where}")
+        self.skipped.append((self.file, line, record, reason))
+
+    def accept(self, time_s: float | None, session: Any, model: Any,
+               tokens: Sequence[Any], source: str) -> None:
+        """Add one api_request row; raises _Skip if a count is unusable or all are missing."""
+        counts = [_count(v, name) for v, name in zip(tokens, TOKEN_COLUMNS, strict=True)]
+        if all(c is None for c in counts):
+            raise _Skip("api_request without any token count")
+        self.rows.append((np.nan if time_s is None else time_s, _text(session), _text(model),
+                          *(c or 0 for c in counts), source))
+
+    # -- OTLP ---------------------------------------------------------------------------
+
+    def read_otlp(self, fh: IO[bytes]) -> None:
+        first = fh.readline()
+        lines: Iterable[tuple[int, bytes]] = chain([(1, first)], enumerate(fh, 2))
+        if first.strip() and not _is_json(first):  # one pretty-printed document?
+            whole = first + fh.read()
+            if _is_json(whole):
+                self.otlp_document(whole, 1)
+                return
+            lines = enumerate(whole.splitlines(), 1)
+        for line_no, raw in lines:
+            if raw.strip():
+                self.otlp_document(raw, line_no)
+
+    def otlp_document(self, raw: bytes, line: int) -> None:
+        if not raw.isascii():  # checked here: the fast path never decodes most of the line
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                self.skip(line, "", _invalid_json(exc))
+                return
+        reduced, spans = _reduce_attribute_lists(raw)
+        try:  # decoded here, not by json.loads, which would guess UTF-16 from a NUL byte
+            doc = json.loads(reduced.decode("utf-8"))
+        except ValueError as exc:
+            self.skip(line, "", _invalid_json(exc))
+            return
+        if not isinstance(doc, dict) or not {"resourceLogs", "resourceMetrics",
+                                             "resourceSpans"} & doc.keys():
+            self.skip(line, "", "not an OTLP export (no resourceLogs/resourceMetrics)")
+            return
+        if "resourceSpans" in doc:
+            self.ignored["(trace spans)"] += 1
+        self.otlp_walk(doc.get("resourceLogs"), "scopeLogs", "logRecords", raw, spans, line)
+        self.otlp_walk(doc.get("resourceMetrics"), "scopeMetrics", "metrics", raw, spans, line)
+
+    def otlp_walk(self, resources: Any, scope_key: str, item_key: str, raw: bytes,
+                  spans: list[tuple[int, int]], line: int) -> None:
+        """Visit every log record / metric with its resource's attributes."""
+        if resources is None:
+            return
+        top = "resourceLogs" if item_key == "logRecords" else "resourceMetrics"
+        handle = self.otlp_log if item_key == "logRecords" else self.otlp_metric
+        pattern = _LOG_ATTR_RE if item_key == "logRecords" else _ATTR_RE
+        try:
+            for i, resource in enumerate(_as_list(resources, top)):
+                res_attrs = _attrs(_dict_get(_dict_get(resource, "resource", top) or {},
+                                             "attributes", "resource"), raw, spans, pattern)
+                for j, scope in enumerate(_as_list(resource.get(scope_key), scope_key)):
+                    items = _as_list(_dict_get(scope, item_key, scope_key), item_key)
+                    for k, item in enumerate(items):
+                        where = f"{top}[{i}].{scope_key}[{j}].{item_key}[{k}]"
+                        try:
+                            handle(item, res_attrs, raw, spans, line, where)
+                        except _Skip as exc:
+                            self.skip(line, where, str(exc))
+        except _Skip as exc:
+            self.skip(line, top, f"malformed OTLP structure: {exc}")
+
+    def otlp_log(self, rec: Any, res: Mapping[bytes, Any], raw: bytes,
+                 spans: list[tuple[int, int]], line: int, where: str) -> None:
+        attrs = _attrs(_dict_get(rec, "attributes", "log record"), raw, spans, _LOG_ATTR_RE)
+        name = _body_event(rec.get("body")) or _canonical_event(_text(attrs.get(_K_EVENT)))
+        if name != API_REQUEST:
+            if name is not None or not any(k in attrs for k in _TOKEN_KEYS):
+                self.ignored[name or "(unnamed log record)"] += 1
+                return
+        time_s = (_nanos_to_s(rec.get("timeUnixNano")) or _any_time_to_s(attrs.get(_K_EVENT_TS))
+                  or _nanos_to_s(rec.get("observedTimeUnixNano")))
+        self.accept(time_s, attrs.get(_K_SESSION) or res.get(_K_SESSION),
+                    attrs.get(_K_MODEL) or res.get(_K_MODEL),
+                    (attrs.get(_K_IN), attrs.get(_K_OUT), attrs.get(_K_READ),
+                     attrs.get(_K_CREATE)), "otlp-logs")
+
+    def otlp_metric(self, metric: Any, res: Mapping[bytes, Any], raw: bytes,
+                    spans: list[tuple[int, int]], line: int, where: str) -> None:
+        name = _dict_get(metric, "name", "metric")
+        if name != TOKEN_METRIC:
+            self.ignored[f"metric {name}"] += 1
+            return
+        data = metric.get("sum")
+        if not isinstance(data, dict):
+            raise _Skip(f"{TOKEN_METRIC} has no 'sum' (expected a counter)")
+        temporality = _temporality(data.get("aggregationTemporality"))
+        for n, point in enumerate(_as_list(data.get("dataPoints"), "dataPoints")):
+            try:
+                self.points.append(_point(point, res, temporality, raw, spans))
+            except _Skip as exc:
+                self.skip(line, f"{where}.dataPoints[{n}]", str(exc))
+
+    # -- Loki and CSV -------------------------------------------------------------------
+
+    def read_loki(self, fh: IO[bytes]) -> None:
+        data = fh.read()
+        try:
+            docs = [(1, json.loads(data))]
+        except ValueError:  # JSON lines: one query response per line (paged exports)
+            docs = []
+            for line_no, raw in enumerate(data.splitlines(), 1):
+                if raw.strip():
+                    try:
+                        docs.append((line_no, json.loads(raw.decode("utf-8"))))
+                    except ValueError as exc:  # UnicodeDecodeError included
+                        self.skip(line_no, "", _invalid_json(exc))
+        for line_no, doc in docs:
+            self.loki_document(doc, line_no)
+
+    def loki_document(self, doc: Any, line: int) -> None:
+        data = doc.get("data", doc) if isinstance(doc, dict) else {"result": doc}
+        streams = data.get("result", data.get("streams")) if isinstance(data, dict) else None
+        if not isinstance(streams, list):
+            self.skip(line, "", "not a Loki query response (no data.result list)")
+            return
+        if isinstance(data, dict) and data.get("resultType") in ("matrix", "vector"):
+            self.skip(line, "", "Loki metric query result, not log lines")
+            return
+        for i, stream in enumerate(streams):
+            labels = stream.get("stream", {}) if isinstance(stream, dict) else None
+            values = stream.get("values") if isinstance(stream, dict) else None
+            if not isinstance(labels, dict) or not isinstance(values, list):
+                self.skip(line, f"result[{i}]", "stream without 'stream' labels and 'values'")
+                continue
+            labels = _normalize(labels)
+            for j, entry in enumerate(values):
+                try:
+                    self.loki_entry(labels, entry)
+                except _Skip as exc:
+                    self.skip(line, f"result[{i}].values[{j}]", str(exc))
+
+    def loki_entry(self, labels: dict[str, Any], entry: Any) -> None:
+        if not isinstance(entry, list) or len(entry) < 2:
+            raise _Skip("Loki value is not [timestamp, line]")
+        fields = dict(labels)
+        if len(entry) > 2 and isinstance(entry[2], dict):  # structured metadata / parsed
+            for part in entry[2].values():
+                fields.update(_normalize(part) if isinstance(part, dict) else {})
+            fields.update(_normalize({k: v for k, v in entry[2].items()
+                                      if not isinstance(v, dict)}))
+        fields.update(_parse_line(entry[1]))
+        self.flat_event(fields, _nanos_to_s(entry[0]), "loki")
+
+    def read_csv(self, fh: IO[bytes]) -> None:
+        data = fh.read()
+        try:
+            text, undecodable = data.decode("utf-8-sig"), False
+        except UnicodeDecodeError:  # bad bytes become lone surrogates: rows skipped below
+            text, undecodable = data.decode("utf-8-sig", "surrogateescape"), True
+        reader = csv.reader(io.StringIO(text, newline=""))
+        header = next(reader, None)
+        keys = [_norm_key(h) for h in header or []]
+        if not set(TOKEN_COLUMNS) & set(keys):
+            self.skip(1, "", f"CSV header has no token column (expected {list(TOKEN_COLUMNS)})")
+            return
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(keys):
+                self.skip(reader.line_num, "", f"row has {len(row)} fields, header {len(keys)}")
+                continue
+            bad = undecodable and next(((k, found) for k, cell in zip(keys, row, strict=True)
+                                        if (found := UNDECODABLE_RE.search(cell))), None)
+            if bad:
+                self.skip(reader.line_num, "", f"not UTF-8 text (byte "
+                          f"0x{ord(bad[1].group()) - 0xDC00:02x} in field {bad[0]!r})")
+                continue
+            try:
+                self.flat_event({k: v for k, v in zip(keys, row, strict=True) if v != ""},
+                                None, "csv")
+            except _Skip as exc:
+                self.skip(reader.line_num, "", str(exc))
+
+    def flat_event(self, fields: Mapping[str, Any], time_s: float | None, source: str) -> None:
+        """One event from flat fields (Loki, CSV): api_request rows in, others counted."""
+        name = _flat_event_name(fields)
+        if name != API_REQUEST:
+            if name is not None or not any(fields.get(c) is not None for c in TOKEN_COLUMNS):
+                self.ignored[name or "(unnamed log record)"] += 1
+                return
+        time_s = time_s if time_s is not None else _flat_time_s(fields)
+        self.accept(time_s, fields.get("session_id"), fields.get("model"),
+                    [fields.get(c) for c in TOKEN_COLUMNS], source)
+
+
+def _frame(rows: list[tuple]) -> pd.DataFrame:
+    frame = pd.DataFrame.from_records(rows, columns=list(FRAME_DTYPES)).astype(FRAME_DTYPES)
+    for column in ("session_id", "model"):  # missing stays None, not NaN
+        frame[column] = frame[column].astype(object).where(frame[column].notna(), None)
+    return frame
+
+
+def _read_one(reader: _Reader, path: Path, fmt: ExportFormat) -> None:
+    """Read one file into `reader`; raise if it contributed nothing usable."""
+    kind = _sniff(path) if fmt == "auto" else fmt
+    if kind not in ("otlp", "loki", "csv"):
+        raise ValueError(f"unknown export format {fmt!r}; use auto, otlp, loki or csv")
+    reader.file = str(path)
+    before = (len(reader.rows), len(reader.points), len(reader.skipped),
+              sum(reader.ignored.values()))
+    try:
+        with _open(path) as fh:
+            getattr(reader, f"read_{kind}")(fh)
+    except (EOFError, OSError, zlib.error) as exc:  # a truncated or corrupted gzip file
+        reader.skip(None, "", f"unreadable after this point ({exc}); truncated file?")
+    if (len(reader.rows), len(reader.points)) == before[:2]:
+        reasons = Counter(s[3] for s in reader.skipped[before[2]:]).most_common(3)
+        seen = sum(reader.ignored.values()) - before[3]
+        raise NoUsableRecordsError(
+            f"{path}: no usable {API_REQUEST} event or {TOKEN_METRIC} point "
+            f"(read as {kind}; skipped: {reasons or 'none'}; other events/metrics: {seen})")
+
+
+def read_claude_code(paths: str | Path | Iterable[str | Path], *, fmt: ExportFormat = "auto",
+                     signal: Signal = "auto", strict: bool = False) -> ClaudeCodeTelemetry:
+    """Read Claude Code telemetry exports (OTLP JSON lines, Loki response or CSV; gzip ok).
+
+    `signal` picks which counts make the frame: "logs" (api_request events), "metrics"
+    (token.usage), "both" (summed: only for exports where each signal covers different
+    traffic), or "auto": logs when there are any, else metrics. Raises
+    `NoUsableRecordsError` naming a file with nothing usable, and with `strict=True`
+    `TelemetryFormatError` at the first unusable record.
+    """
+    path_list = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+    if not path_list:
+        raise ValueError("no export file given")
+    if signal not in ("auto", "logs", "metrics", "both"):
+        raise ValueError(f"unknown signal {signal!r}; use auto, logs, metrics or both")
+    reader = _Reader(strict)
+    for path in path_list:
+        _read_one(reader, path, fmt)
+    metric_rows = _metric_rows(reader.points)
+    chosen = signal if signal != "auto" else ("logs" if reader.rows else "metrics")
+    rows = {"logs": reader.rows, "metrics": metric_rows,
+            "both": reader.rows + metric_rows}[chosen]
+    set_aside = {"logs": {"token.usage rows": len(metric_rows)},
+                 "metrics": {"api_request rows": len(reader.rows)}, "both": {}}[chosen]
+    skipped = pd.DataFrame(reader.skipped, columns=SKIP_COLUMNS)
+    return ClaudeCodeTelemetry(_frame(rows), skipped, dict(reader.ignored),
+                               {k: v for k, v in set_aside.items() if v}, tuple(path_list),
+                               chosen)
