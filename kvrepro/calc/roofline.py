@@ -53,21 +53,32 @@ def get_gpu(name: str) -> GpuSpec:
 
 def prefill_flops(model: ModelSpec, new_tokens: int, cached_tokens: int = 0) -> dict[str, float]:
     """FLOPs to prefill `new_tokens` after `cached_tokens`, split into linear and attention."""
-    non_negative(new_tokens=new_tokens, cached_tokens=cached_tokens)
+    linear, attention = _prefill_flops_parts(model, new_tokens, cached_tokens)
+    return {"linear": linear, "attention": attention, "total": linear + attention}
+
+
+def _prefill_flops_parts(model: ModelSpec, new_tokens: int,
+                         cached_tokens: int) -> tuple[float, float]:
+    """(linear, attention) FLOPs of a prefill (`prefill_flops`, without building its dict:
+    the simulator calls this for every prefill chunk)."""
+    if not (type(new_tokens) is int and type(cached_tokens) is int  # noqa: E721 - fast path
+            and new_tokens >= 0 and cached_tokens >= 0):
+        non_negative(new_tokens=new_tokens, cached_tokens=cached_tokens)
     width = model.num_attention_heads * model.head_dim
     linear = 2.0 * model.params_active_b * 1e9 * new_tokens
     attention = 4.0 * model.num_layers * width * new_tokens * (cached_tokens + new_tokens / 2)
-    return {"linear": linear, "attention": attention, "total": linear + attention}
+    return linear, attention
 
 
 def prefill_time_s(model: ModelSpec, gpu: GpuSpec, new_tokens: int, cached_tokens: int = 0,
                    mfu: float = 0.5) -> float:
     """Seconds of GPU compute to prefill `new_tokens` (compute bound)."""
-    positive(mfu=mfu)
-    if mfu > 1:
-        raise ValueError(f"parameter 'mfu' must be <= 1, got {mfu}")
-    flops = prefill_flops(model, new_tokens, cached_tokens)["total"]
-    return flops / (gpu.fp16_tflops * 1e12 * mfu)
+    if not (type(mfu) is float and 0.0 < mfu <= 1.0):  # noqa: E721 - the common case, fast
+        positive(mfu=mfu)
+        if mfu > 1:
+            raise ValueError(f"parameter 'mfu' must be <= 1, got {mfu}")
+    linear, attention = _prefill_flops_parts(model, new_tokens, cached_tokens)
+    return (linear + attention) / (gpu.fp16_tflops * 1e12 * mfu)
 
 
 def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:

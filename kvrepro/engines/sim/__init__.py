@@ -10,6 +10,8 @@ Modules:
 * `steptime`: step duration from `kvrepro.calc.roofline`;
 * `entities`, `events`, `scheduler`, `engine`: requests, events, vLLM-v1-style continuous
   batching with chunked prefill, and the heapq event loop;
+* `decode_run`: runs of decode steps that nothing else interrupts, applied at once (the
+  same results as step by step, tests/sim/test_decode_runs.py; benchmarks/bench_sim.py);
 * `outputs`: records, samples and the run folder (read like a live run's);
 * `campaign`: `run` (the interface both engines share), campaigns and what-if sweeps;
 * `study_a`, `study_b`: the studies' runs and calibration targets; `fit`, `validate`: the

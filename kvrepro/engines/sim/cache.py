@@ -57,6 +57,9 @@ class GpuPrefixCache:
         free = self.capacity_blocks - self.used_blocks + self.evictable_blocks
         if segments:
             refs, cached = self.refs, self.cached
+            if len(segments) == 1:  # the common case, without the set
+                number = segments[0]
+                return free - (cached.get(number, 0) if number not in refs else 0)
             free -= sum(cached.get(s, 0) for s in set(segments) if s not in refs)
         return free
 
@@ -92,6 +95,23 @@ class GpuPrefixCache:
                 return False
             self._evict(shortfall)
         self.used_blocks += n_blocks
+        return True
+
+    def can_allocate(self, n_blocks: int, keep: set[int]) -> bool:
+        """Whether `allocate(n_blocks)` would succeed without evicting blocks of segments
+        `keep` (it evicts the least recently used segments' blocks, front first)."""
+        shortfall = n_blocks - (self.capacity_blocks - self.used_blocks)
+        if shortfall <= 0:
+            return True
+        if shortfall > self.evictable_blocks:
+            return False
+        cached = self.cached
+        for number in self.lru:
+            if number in keep:
+                return False
+            shortfall -= cached[number]
+            if shortfall <= 0:
+                break
         return True
 
     def _evict(self, n_blocks: int) -> None:

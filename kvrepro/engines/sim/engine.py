@@ -30,6 +30,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from kvrepro.engines.sim.config import ServerProfile, SimProfile, SimTier, as_profile
+from kvrepro.engines.sim.decode_run import DecodeRun
 from kvrepro.engines.sim.entities import Request, TurnTable
 from kvrepro.engines.sim.events import (
     EventQueue,
@@ -75,6 +76,7 @@ class Engine:
         self.tier_name, self.sink = tier.name, sink
         self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
         self.store_names = [store.name for store in tier.offload]
+        self.loaded_keys = [f"loaded_tokens_{name}" for name in self.store_names]
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
         self.front_end_s = server.front_end_latency_s  # what the client sees on top
@@ -141,13 +143,43 @@ class Engine:
             self._start_step(instance)
 
     def _start_step(self, instance: int) -> None:
+        """Plan server `instance`'s next step and queue its end. Decode steps whose ends
+        would be the next events anyway run at once (`kvrepro.engines.sim.decode_run`), so
+        the step queued is the first one something else may come before."""
         sched = self.schedulers[instance]
-        plan = self.plans[instance] = sched.schedule(self.now_s)
-        for load in sched.take_new_loads():
-            self.queue.push(load)
-        if plan is not None:
-            self.queue.push(StepEnd(self.now_s + plan.duration_s, sched.counters.steps,
-                                    instance))
+        while True:
+            plan = self.plans[instance] = sched.schedule(self.now_s)
+            for load in sched.take_new_loads():
+                self.queue.push(load)
+            if plan is None:
+                return
+            end_s: float | None = self.now_s + plan.duration_s
+            run = None
+            if not plan.prefill_chunks:
+                limit_s, inclusive = self.queue.step_end_limit(self.hard_end_s)
+                if end_s < limit_s or (end_s == limit_s and inclusive):  # it is next
+                    run = sched.decode_run(plan, self.now_s, end_s)
+            if run is not None:
+                end_s = self._decode_run(instance, run)
+            if end_s is not None:
+                break
+            # the run ended a step and stopped before the next: plan that one step by step
+        self.queue.push(StepEnd(end_s, sched.counters.steps, instance))
+
+    def _decode_run(self, instance: int, run: DecodeRun) -> float | None:
+        """Drive a run of decode steps: the requests it finishes are handled as at a step
+        end. Returns the end of the step in progress when it stops (its plan is the
+        server's), or None when a step ended and the next must be planned step by step."""
+        while True:
+            outcome, finished = run.advance(*self.queue.step_end_limit(self.hard_end_s))
+            if outcome == "in_progress":
+                self.now_s, self.plans[instance] = run.start_s, run.plan
+                return run.end_s
+            self.now_s, self.plans[instance] = run.end_s, None
+            for req in finished:
+                self._finished(req)
+            if outcome == "replan":
+                return None
 
     # ------------------------------------------------------------------ handlers
 
@@ -223,16 +255,21 @@ class Engine:
         finished = self.schedulers[instance].complete(self.plans[instance], self.now_s)
         self.plans[instance] = None
         for req in finished:
-            self.counts["finished"] += 1
-            self._release_slot()
-            self.sink.add_record(self._record(req))
-            self._left(req)
-            rows = self.table.rows[req.session_pos]
-            nxt = req.turn_pos + 1
-            if nxt < len(rows):
-                send_s = self.table.send_s(rows[nxt], self.now_s + self._front_end(req), 0.0)
-                self._issue(req.session_pos, nxt, send_s)
+            self._finished(req)
         self._start_step(instance)
+
+    def _finished(self, req: Request) -> None:
+        """A request finished now: counted, its client slot freed, recorded, and its
+        session's next turn issued."""
+        self.counts["finished"] += 1
+        self._release_slot()
+        self.sink.add_record(self._record(req))
+        self._left(req)
+        rows = self.table.rows[req.session_pos]
+        nxt = req.turn_pos + 1
+        if nxt < len(rows):
+            send_s = self.table.send_s(rows[nxt], self.now_s + self._front_end(req), 0.0)
+            self._issue(req.session_pos, nxt, send_s)
 
     def _load_done(self, event: LoadDone) -> None:
         self.schedulers[event.instance].on_load_done(event.request)
@@ -280,8 +317,8 @@ class Engine:
             "output_tokens": req.generated_tokens, "is_resume": req.is_resume,
             "is_warmup": req.send_s < self.warmup_s, "error": error,
             "gpu_hit_tokens": req.gpu_hit_tokens}
-        for name, tokens in zip(self.store_names, req.loaded_tokens, strict=True):
-            record[f"loaded_tokens_{name}"] = tokens
+        for key, tokens in zip(self.loaded_keys, req.loaded_tokens, strict=True):
+            record[key] = tokens
         record.update(recomputed_tokens=req.recomputed_tokens, load_s=req.load_s,
                       queue_s=req.admitted_s - req.send_s, preemptions=req.preemptions)
         return record

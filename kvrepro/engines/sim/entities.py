@@ -53,6 +53,9 @@ class Request:
     saved_chunks: int = 0
     pending_tokens: int = 0
     chunk_ranges: UnitRanges = ()
+    chunk_ids: list[int] = field(default_factory=list)
+    chunk_ids_end: int = -1
+    """Ids of the request's first `chunk_ids_end` chunks (the scheduler's lookups keep them)."""
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan

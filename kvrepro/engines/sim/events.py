@@ -1,9 +1,10 @@
 """Events of the simulated engine and the queue that orders them.
 
-One small dataclass per event type. The queue orders events by (time, kind, seq): at equal
-times a finished load and an arriving turn are handled before a step ends, so the step that
-starts then already sees them, and a sample comes last, seeing the state after everything
-else at that instant. `seq` (order of pushing) breaks the remaining ties, so a run is
+One small dataclass per event type (not frozen: nothing changes an event, and a frozen
+dataclass takes five times as long to make). The queue orders events by (time, kind, seq):
+at equal times a finished load and an arriving turn are handled before a step ends, so the
+step that starts then already sees them, and a sample comes last, seeing the state after
+everything else at that instant. `seq` (order of pushing) breaks the remaining ties, so a run is
 deterministic. In a fleet (`kvrepro.engines.sim.fleet`) all servers share one queue and one
 clock; the events of one server carry its `instance` (0 for a single server).
 """
@@ -28,7 +29,7 @@ class EventKind(IntEnum):
     SAMPLE = 4
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LoadDone:
     """An asynchronous KV load for `request` has landed in GPU memory."""
 
@@ -38,7 +39,7 @@ class LoadDone:
     kind: ClassVar[int] = EventKind.LOAD_DONE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LookupDone:
     """An asynchronous offload lookup for `request` has its answer (the request can be
     admitted from the next step on)."""
@@ -49,7 +50,7 @@ class LookupDone:
     kind: ClassVar[int] = EventKind.LOOKUP_DONE
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TurnArrival:
     """Turn `turn_pos` (position within its session) of session `session_pos` is sent."""
 
@@ -62,7 +63,7 @@ class TurnArrival:
     kind: ClassVar[int] = EventKind.ARRIVAL
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StepEnd:
     """The engine step started earlier finishes (its plan is the engine's current one)."""
 
@@ -72,7 +73,7 @@ class StepEnd:
     kind: ClassVar[int] = EventKind.STEP_END
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Sample:
     """Time to write a server sample."""
 
@@ -102,6 +103,20 @@ class EventQueue:
     def peek_time_s(self) -> float:
         """Time of the earliest event (inf when empty)."""
         return self._heap[0][0] if self._heap else float("inf")
+
+    def step_end_limit(self, hard_end_s: float) -> tuple[float, bool]:
+        """How late a step end pushed now could be and still be the next event handled (the
+        engine's loop stops after `hard_end_s`): (limit_s, inclusive), i.e. a step end at
+        t comes first iff t < limit_s, or t == limit_s and `inclusive`.
+
+        At equal times a step end goes after a load, a lookup, an arrival and an earlier
+        step end (kind, then push order) and before a sample."""
+        if not self._heap:
+            return hard_end_s, True
+        head_s, kind = self._heap[0][0], self._heap[0][1]
+        if hard_end_s < head_s:
+            return hard_end_s, True
+        return head_s, kind > EventKind.STEP_END
 
     def __len__(self) -> int:
         return len(self._heap)

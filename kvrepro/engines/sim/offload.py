@@ -42,11 +42,15 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import filterfalse, islice, repeat
 
 from kvrepro.engines.sim.config import OffloadTier, SimTier, capacity_chunks
 
+_ABSENT = float("inf")
+"""The time of a chunk a store does not hold, for `ChunkStore.run_length`'s scan."""
 EVICTION_INTERVAL_S = 1.0
 """LMCache MP's eviction loop period (`time.sleep(1)` in its L1 and L2 eviction loops)."""
 EVICTION_WATERMARK = 0.8
@@ -104,6 +108,11 @@ class ChunkStore:
     therefore keeps a min-heap of (time, chunk id) pushed at every insert and touch, and
     expires each chunk on its own time: a heap record whose time is no longer the chunk's
     (touched since, or evicted) is stale and skipped, O(log n) amortised per operation.
+
+    `version` counts the changes of `entries` (inserts, touches, evictions, expiries): a
+    waiting request asks for the same run of chunks at every step, and `run_length` answers
+    again from its last scan while the store has not changed and time has not reached the
+    write that stopped the scan.
     """
 
     def __init__(self, config: OffloadTier, kv_bytes_per_token: int):
@@ -121,7 +130,16 @@ class ChunkStore:
         self.first_refusal_s = float("nan")  # the first chunk turned away because it is full
         self.async_eviction = bool(config.async_eviction) and config.eviction == "lru"
         self.hard_limit = config.hard_limit
+        self.refuses_when_full = self.keeps_when_full or (self.async_eviction
+                                                          and self.hard_limit)
+        # evicts the least recently used chunk on insert, nothing else: batches may be
+        # inserted at once (`absent_for_batch`, `insert_batch`)
+        self.plain_lru = (config.eviction == "lru" and not self.async_eviction
+                          and self.ttl_s is None)
         self.next_tick_s = EVICTION_INTERVAL_S
+        self.version = 0
+        # the last run_length scan: (ids, start, version, found, valid from, valid until)
+        self._last_scan: tuple[list[int], int, int, int, float, float] | None = None
 
     def evict_due(self, now_s: float) -> None:
         """Run the eviction loop's ticks up to now (async eviction only).
@@ -134,6 +152,7 @@ class ChunkStore:
             return
         n_evict, entries = self._due_evictions(now_s), self.entries
         if n_evict:
+            self.version += 1
             for _ in range(n_evict):
                 entries.popitem(last=False)
             if not self.evicted_chunks:
@@ -159,6 +178,7 @@ class ChunkStore:
             last_s, cid = heapq.heappop(heap)
             if entries.get(cid) == last_s:  # else stale: touched since, or evicted
                 del entries[cid]
+                self.version += 1
                 self.expired_chunks += 1
 
     def _expired_by(self, now_s: float) -> int:
@@ -195,21 +215,49 @@ class ChunkStore:
             heapq.heapify(heap)
 
     def run_length(self, ids: list[int], start: int, now_s: float) -> int:
-        """How many chunks from ids[start] on are present and fully written."""
-        entries, k, n = self.entries, start, len(ids)
-        while k < n:
-            when_s = entries.get(ids[k])
-            if when_s is None or when_s > now_s:
-                break
-            k += 1
-        return k - start
+        """How many chunks from ids[start] on are present and fully written.
+
+        The answer of the last scan stands while the store is unchanged (`version`), for the
+        same `ids` list (which callers do not modify) and `start`, from the scan's time
+        until the chunk that stopped it, present but still being written, is complete."""
+        last = self._last_scan
+        if (last is not None and last[0] is ids and last[1] == start
+                and last[2] == self.version and last[4] <= now_s < last[5]):
+            return last[3]
+        # each chunk's time (inf: absent), read at C speed; then the first one not ready
+        times = list(map(self.entries.get, ids[start:], repeat(_ABSENT)))
+        found, until_s = len(times), _ABSENT
+        if times and max(times) > now_s:
+            found = 0
+            for when_s in times:
+                if when_s > now_s:
+                    until_s = when_s
+                    break
+                found += 1
+        self._last_scan = (ids, start, self.version, found, now_s, until_s)
+        return found
+
+    def scan_stands(self, ids: list[int], start: int, now_s: float) -> int:
+        """What `run_length(ids, start, now_s)` would answer from the last scan, when that
+        and `expire(now_s)` would change nothing (no eviction-loop tick and no TTL expiry
+        due by then); -1 otherwise."""
+        last = self._last_scan
+        if (last is None or last[0] is not ids or last[1] != start
+                or last[2] != self.version or not last[4] <= now_s < last[5]):
+            return -1
+        if self.async_eviction and now_s >= self.next_tick_s:
+            return -1
+        heap = self.expiry_heap
+        if self.ttl_s is not None and heap and heap[0][0] <= now_s - self.ttl_s:
+            return -1
+        return last[3]
 
     def touch(self, ids: list[int], now_s: float) -> None:
         """Mark chunks used now (they move to the most recently used end)."""
         entries = self.entries
-        for cid in ids:
-            entries.move_to_end(cid)
-            entries[cid] = now_s
+        self.version += 1
+        deque(map(entries.move_to_end, ids), maxlen=0)  # most recently used, in this order
+        entries.update(zip(ids, repeat(now_s)))
         if self.ttl_s is not None:
             for cid in ids:
                 self._note(cid, now_s)
@@ -217,9 +265,7 @@ class ChunkStore:
     def admits(self) -> bool:
         """False when full and the store keeps what it holds (eviction "none") or drops new
         chunks until its eviction loop runs (async eviction with a hard limit)."""
-        if len(self.entries) < self.capacity_chunks:
-            return True
-        return not (self.keeps_when_full or (self.async_eviction and self.hard_limit))
+        return len(self.entries) < self.capacity_chunks or not self.refuses_when_full
 
     def refuse(self, n_chunks: int, now_s: float) -> None:
         """Count `n_chunks` turned away because the store is full and keeps what it holds."""
@@ -230,6 +276,7 @@ class ChunkStore:
     def insert(self, cid: int, ready_s: float, now_s: float) -> int:
         """Make room now for a chunk complete at `ready_s`; return the id evicted, or -1."""
         entries = self.entries
+        self.version += 1
         evicted = -1
         if len(entries) >= self.capacity_chunks and not self.async_eviction:
             evicted, _ = entries.popitem(last=False)
@@ -239,6 +286,37 @@ class ChunkStore:
         entries[cid] = ready_s
         if self.ttl_s is not None:
             self._note(cid, ready_s)
+        return evicted
+
+
+    def absent_for_batch(self, ids: list[int]) -> list[int] | None:
+        """The chunks of `ids` the store lacks, when inserting them one by one (a plain LRU
+        store evicting its least recently used chunk per insert when full) would evict
+        none of `ids` and none of themselves: then `insert_batch` of them, or of a first
+        part of them, is the same as those inserts one by one. None otherwise."""
+        if not self.plain_lru:
+            return None
+        entries = self.entries
+        new = list(filterfalse(entries.__contains__, ids))
+        n_evict = len(entries) + len(new) - self.capacity_chunks
+        if n_evict > 0 and (n_evict > len(entries)
+                            or not set(ids).isdisjoint(islice(entries, n_evict))):
+            return None
+        return new
+
+    def insert_batch(self, ids: list[int], ready_s: Iterable[float], now_s: float) -> list[int]:
+        """`insert` of each chunk of `ids` (from `absent_for_batch`) in order, complete at
+        the matching `ready_s`; returns the ids evicted, in order."""
+        entries = self.entries
+        self.version += 1
+        evicted: list[int] = []
+        n_evict = len(entries) + len(ids) - self.capacity_chunks
+        if n_evict > 0:
+            evicted = [entries.popitem(last=False)[0] for _ in range(n_evict)]
+            if not self.evicted_chunks:
+                self.first_eviction_s = now_s
+            self.evicted_chunks += n_evict
+        entries.update(zip(ids, ready_s, strict=False))  # ready_s may be a repeat()
         return evicted
 
 
@@ -302,6 +380,17 @@ class OffloadHierarchy:
 
     def lookup(self, ids: list[int], now_s: float) -> list[int]:
         """Chunks found per store, as a prefix match that moves on store by store."""
+        counts, refused = self.match(ids, now_s)
+        self.refuse_prefetch(refused, now_s)
+        return counts
+
+    def match(self, ids: list[int], now_s: float) -> tuple[list[int], int]:
+        """`lookup` without counting what the staging buffer refuses: (chunks found per
+        store, chunks a prefetch found below L1 but has no room for). Its other effects
+        (expiring chunks, the eviction loop's ticks, releasing staging room) are those of
+        time passing: done again at the same `now_s` they change nothing, so the scheduler
+        can ask whether a request would fit and count the refusal (`refuse_prefetch`) only
+        once it decides."""
         counts, pos = [], 0
         for store in self.stores:
             store.expire(now_s)
@@ -312,9 +401,27 @@ class OffloadHierarchy:
             below = pos - counts[0]
             room = max(0, self.staging.room(now_s))
             if room < below:
-                self.staging.store.refuse(below - room, now_s)
-                counts = _cap_prefix(counts, counts[0] + room)
-        return counts
+                return _cap_prefix(counts, counts[0] + room), below - room
+        return counts, 0
+
+    def match_stands(self, ids: list[int], now_s: float) -> bool:
+        """Whether `match(ids, now_s)` would give what the last `match(ids, ...)` gave and
+        change nothing: every store answers from its last scan (`ChunkStore.scan_stands`)
+        and no staging room is released by then. Nothing else changes the stores while the
+        scheduler runs decode steps, so a waiting request that did not fit stays as it was."""
+        pos = 0
+        for store in self.stores:
+            found = store.scan_stands(ids, pos, now_s)
+            if found < 0:
+                return False
+            pos += found
+        releases = self.staging.releases if self.staging is not None else None
+        return not releases or releases[0][0] > now_s
+
+    def refuse_prefetch(self, n_chunks: int, now_s: float) -> None:
+        """Count `n_chunks` of a prefetch refused for want of staging room (`match`)."""
+        if n_chunks:
+            self.staging.store.refuse(n_chunks, now_s)
 
     def touch(self, ids: list[int], counts: list[int], now_s: float) -> None:
         """Mark the chunks a lookup found as used, in the store each was found in."""
@@ -362,13 +469,24 @@ class OffloadHierarchy:
         if store.capacity_chunks == 0:
             return
         store.evict_due(now_s)
+        entries, insert, admits = store.entries, store.insert, store.admits
+        demotes = not self.write_through and index + 1 < len(self.stores)  # write-back
+        new = store.absent_for_batch(ids)
+        if new is not None:  # the same as the loop below, at once
+            self.bytes_written[index] += len(new) * self.chunk_bytes
+            for evicted in store.insert_batch(new, repeat(ready_s), now_s):
+                if demotes:  # the next store is not this one: the order is kept
+                    self._write_to(index + 1, [evicted], now_s)
+            return
         for cid in ids:
-            if cid not in store.entries:
-                if not store.admits():
+            if cid not in entries:
+                if not admits():
                     store.refuse(1, now_s)
                     continue
                 self.bytes_written[index] += self.chunk_bytes
-                self._demote(index, store.insert(cid, ready_s, now_s), now_s)
+                evicted = insert(cid, ready_s, now_s)
+                if demotes and evicted >= 0:
+                    self._write_to(index + 1, [evicted], now_s)
 
     def write(self, ids: list[int], now_s: float) -> None:
         """Store newly computed chunks (write-through: in every store; else the first)."""
@@ -383,29 +501,52 @@ class OffloadHierarchy:
         store.expire(now_s)
         entries, channel = store.entries, self.writes[index]
         chunk_s, limit_s = channel.chunk_s(self.chunk_bytes), self.backlog_limit_s[index]
+        staging = self.staging if index == self.first_write else None
+        insert, admits, latency_s = store.insert, store.admits, self.network_latency_s
+        demotes = not self.write_through and index + 1 < len(self.stores)  # write-back
+        new = store.absent_for_batch(ids) if staging is None else None
+        if new is not None:
+            self._write_batch(index, new, now_s, demotes)
+            return
         for k, cid in enumerate(ids):
             if cid in entries:
                 continue
-            if not store.admits():
+            if not admits():
                 store.refuse(sum(1 for c in ids[k:] if c not in entries), now_s)
                 return
             start_s = max(now_s, channel.busy_until_s)
             if start_s - now_s > limit_s:
                 self.writes_dropped[index] += sum(1 for c in ids[k:] if c not in entries)
                 return
-            if (self.staging is not None and index == self.first_write
-                    and not self.staging.reserve(1, start_s + chunk_s, now_s)):
+            if staging is not None and not staging.reserve(1, start_s + chunk_s, now_s):
                 self.writes_dropped[index] += 1  # no room in L1 to pass it through
                 continue
             channel.busy_until_s = start_s + chunk_s
             self.bytes_written[index] += self.chunk_bytes
-            self._demote(index, store.insert(cid, channel.busy_until_s + self.network_latency_s,
-                                             now_s), now_s)
+            evicted = insert(cid, channel.busy_until_s + latency_s, now_s)
+            if demotes and evicted >= 0:
+                self._write_to(index + 1, [evicted], now_s)
 
-    def _demote(self, index: int, evicted: int, now_s: float) -> None:
-        """Write-back mode: a chunk evicted from store `index` moves one store down."""
-        if evicted >= 0 and not self.write_through and index + 1 < len(self.stores):
-            self._write_to(index + 1, [evicted], now_s)
+    def _write_batch(self, index: int, new: list[int], now_s: float, demotes: bool) -> None:
+        """`_write_to`'s loop for chunks `new` of a plain LRU store without staging
+        (`ChunkStore.absent_for_batch`): each chunk queued on the write channel in turn (the
+        same float operations), dropped from the first one over the backlog limit on, then
+        inserted at once; the chunks evicted are demoted in order."""
+        store, channel = self.stores[index], self.writes[index]
+        chunk_s, limit_s = channel.chunk_s(self.chunk_bytes), self.backlog_limit_s[index]
+        latency_s, busy_s, ready_s = self.network_latency_s, channel.busy_until_s, []
+        for _ in new:
+            start_s = max(now_s, busy_s)
+            if start_s - now_s > limit_s:
+                self.writes_dropped[index] += len(new) - len(ready_s)
+                break
+            busy_s = start_s + chunk_s
+            ready_s.append(busy_s + latency_s)
+        channel.busy_until_s = busy_s
+        self.bytes_written[index] += len(ready_s) * self.chunk_bytes
+        for evicted in store.insert_batch(new[:len(ready_s)], ready_s, now_s):
+            if demotes:
+                self._write_to(index + 1, [evicted], now_s)
 
     def bytes_used(self, index: int, now_s: float | None = None) -> int:
         """Bytes of chunks held by store `index` (writes in flight included; a staging

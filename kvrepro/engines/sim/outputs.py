@@ -125,7 +125,10 @@ class OutputSink:
         """Records typed like `kvrepro.records.read_run` returns them (with `ttft_s`)."""
         extra = list(dict.fromkeys(k for r in self.records[:1] for k in r
                                    if k not in RECORD_COLUMNS))
-        return typed_records(pd.DataFrame(self.records, columns=[*RECORD_COLUMNS, *extra]))
+        records = self.records
+        # column by column (every record has the same keys): faster than from the dicts
+        columns = {name: [r[name] for r in records] for name in [*RECORD_COLUMNS, *extra]}
+        return typed_records(pd.DataFrame(columns))
 
     def samples_frame(self) -> pd.DataFrame:
         """Samples as a frame, one row per sample."""

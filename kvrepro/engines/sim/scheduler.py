@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from kvrepro.engines.sim.cache import GpuPrefixCache
 from kvrepro.engines.sim.config import ServerProfile, SimTier
+from kvrepro.engines.sim.decode_run import DecodeRun
 from kvrepro.engines.sim.entities import Request, RequestState
 from kvrepro.engines.sim.events import LoadDone, LookupDone
 from kvrepro.engines.sim.offload import OffloadHierarchy
@@ -56,6 +57,23 @@ class StepPlan:
     load_wait_s: float = 0.0
     lookup_wait_s: float = 0.0
     duration_s: float = 0.0
+
+
+@dataclass(slots=True)
+class Admission:
+    """What admitting a request takes (`Scheduler._admission`): its GPU hit in blocks, the
+    chunk ids looked up with the chunks found per store (None without offload), the end of
+    the usable hit, whether it loads asynchronously, the tokens it runs now, the blocks it
+    needs, and the chunks the staging buffer refuses its prefetch."""
+
+    hit_blocks: int
+    ids: list[int]
+    counts: list[int] | None
+    ext_end: int
+    loads_async: bool
+    n: int
+    need: int
+    refused: int
 
 
 @dataclass(slots=True)
@@ -122,34 +140,52 @@ class Scheduler:
             # every running request was preempted (the first one by itself): vLLM would run
             # an empty step and schedule again; planning again at once is the same thing
             budget = self._schedule_running(now_s, plan)
-        if budget is not None:
+        if budget is not None and (self.waiting or self.ready):
             self._schedule_waiting(now_s, plan, budget)
         if not plan.requests:
             return None
-        step_s, request_s = self.connector_s
-        plan.duration_s = (self.timer.step_s(plan.prefill_chunks, plan.kv_tokens,
-                                             plan.load_wait_s + plan.lookup_wait_s,
-                                             sum(plan.tokens))
-                           + step_s + request_s * len(plan.requests))
+        plan.duration_s = self._duration_s(plan.prefill_chunks, plan.kv_tokens,
+                                           plan.load_wait_s + plan.lookup_wait_s,
+                                           sum(plan.tokens), len(plan.requests))
         self.counters.steps += 1
         return plan
+
+    def _duration_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
+                    wait_s: float, batch_tokens: int, n_requests: int) -> float:
+        """A step's duration: the timer's step time plus the connector's per-step and
+        per-request cost (offload tiers)."""
+        step_s, request_s = self.connector_s
+        return (self.timer.step_s(prefill_chunks, kv_tokens, wait_s, batch_tokens)
+                + step_s + request_s * n_requests)
 
     def _schedule_running(self, now_s: float, plan: StepPlan) -> int | None:
         """Running requests first; returns the budget left, or None after a preemption."""
         bt, budget, running, i = self.block_tokens, self.max_batched_tokens, self.running, 0
         preempted = False
+        requests, tokens, chunks = plan.requests, plan.tokens, plan.prefill_chunks
+        kv_tokens = plan.kv_tokens
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.prompt_tokens + req.generated_tokens - req.computed_tokens, budget)
-            end = req.computed_tokens + n
+            c, generated = req.computed_tokens, req.generated_tokens
+            num_tokens = req.prompt_tokens + generated
+            n = num_tokens - c
+            if n > budget:
+                n = budget
+            end = c + n
             if end > req.blocks * bt:
                 fits, preempted_now = self._grow(req, -(-end // bt) - req.blocks, now_s)
                 preempted = preempted or preempted_now
                 if not fits:
                     break
-            self._add(plan, req, n)
+            requests.append(req)  # as _add, inlined: this loop runs every step
+            tokens.append(n)
+            if n > 1 or generated == 0 or c + 1 < num_tokens:
+                chunks.append((n, c))
+                req.recomputed_tokens += n
+            kv_tokens += end
             budget -= n
             i += 1
+        plan.kv_tokens = kv_tokens
         return None if preempted else budget
 
     def _grow(self, req: Request, need: int, now_s: float) -> tuple[bool, bool]:
@@ -168,6 +204,8 @@ class Scheduler:
         return True, preempted
 
     def _add(self, plan: StepPlan, req: Request, n: int) -> None:
+        """Schedule `n` tokens of `req` in `plan` (a prefill chunk unless it is one decode
+        token); `_schedule_running` does the same inline."""
         plan.requests.append(req)
         plan.tokens.append(n)
         c = req.computed_tokens
@@ -238,20 +276,18 @@ class Scheduler:
     def _admit(self, req: Request, now_s: float, budget: int, plan: StepPlan) -> int:
         """Admit the queue's head; tokens scheduled now (0 if it waits for a load), -1 if it
         does not fit."""
-        bt, total = self.block_tokens, req.num_tokens
-        hit_blocks = self.gpu.hit_blocks(req.block_ranges, (total - 1) // bt)
-        gpu_hit = hit_blocks * bt
-        ids, counts, ext_end = self._lookup(req, total, gpu_hit, now_s)
-        loads_async = ext_end > gpu_hit and self.load_async
-        n = 0 if loads_async else min(total - ext_end, budget)
-        # an async load also reserves a slot for one more token, so that a loaded request
-        # can always start (else loading requests could hold every block: a deadlock)
-        need = -(-(ext_end + max(n, 1)) // bt) - hit_blocks
-        if need > self.gpu.available_blocks(req.segment_numbers):
+        adm = self._admission(req, now_s, budget)
+        fits = adm.need <= self.gpu.available_blocks(req.segment_numbers)
+        if adm.refused:
+            self.offload.refuse_prefetch(adm.refused, now_s)
+        if not fits:
             return -1
+        bt, total, hit_blocks, ext_end = (self.block_tokens, req.num_tokens, adm.hit_blocks,
+                                          adm.ext_end)
+        gpu_hit, ids, counts, n = hit_blocks * bt, adm.ids, adm.counts, adm.n
         self.gpu.pin(req.segment_numbers)
-        self.gpu.allocate(need)
-        req.blocks, req.committed_blocks = hit_blocks + need, hit_blocks
+        self.gpu.allocate(adm.need)
+        req.blocks, req.committed_blocks = hit_blocks + adm.need, hit_blocks
         req.computed_tokens = gpu_hit
         first = req.cached_prompt_tokens < 0
         self._count_admission(req, now_s, total, gpu_hit, ext_end)
@@ -262,7 +298,7 @@ class Scheduler:
             req.saved_chunks = sum(counts)
         if ext_end > gpu_hit:
             done_s = self._load(req, ids, counts, (gpu_hit, ext_end), now_s, first)
-            if loads_async:
+            if adm.loads_async:
                 req.state, req.pending_tokens = RequestState.LOADING, ext_end
                 self.loading += 1
                 self.new_loads.append(LoadDone(done_s, req, self.instance))
@@ -272,15 +308,35 @@ class Scheduler:
         self._start_running(plan, req, n)
         return n
 
+    def _admission(self, req: Request, now_s: float, budget: int) -> Admission:
+        """What admitting `req` now would take: its GPU and offload hits and the blocks it
+        needs. The offload lookup's effects of time passing are applied (`OffloadHierarchy
+        .match`: the same again at the same time), its staging refusal is not counted."""
+        bt, total = self.block_tokens, req.num_tokens
+        hit_blocks = self.gpu.hit_blocks(req.block_ranges, (total - 1) // bt)
+        gpu_hit = hit_blocks * bt
+        ids, counts, ext_end, refused = self._lookup(req, total, gpu_hit, now_s)
+        loads_async = ext_end > gpu_hit and self.load_async
+        n = 0 if loads_async else min(total - ext_end, budget)
+        # an async load also reserves a slot for one more token, so that a loaded request
+        # can always start (else loading requests could hold every block: a deadlock)
+        need = -(-(ext_end + max(n, 1)) // bt) - hit_blocks
+        return Admission(hit_blocks, ids, counts, ext_end, loads_async, n, need, refused)
+
     def _lookup(self, req: Request, total: int, gpu_hit: int,
-                now_s: float) -> tuple[list[int], list[int] | None, int]:
-        """Offload prefix match: (chunk ids, chunks found per store, end of usable hit)."""
+                now_s: float) -> tuple[list[int], list[int] | None, int, int]:
+        """Offload prefix match: (chunk ids, chunks found per store, end of usable hit,
+        chunks the staging buffer refuses). The ids of a request's whole chunks are kept
+        on it until its token count changes."""
         if self.offload is None:
-            return [], None, gpu_hit
+            return [], None, gpu_hit, 0
         ct = self.chunk_tokens
-        ids = unit_ids(req.chunk_ranges, 0, total // ct)
-        counts = self.offload.lookup(ids, now_s)
-        return ids, counts, max(gpu_hit, min(sum(counts) * ct, total - 1))
+        end = total // ct
+        if req.chunk_ids_end != end:
+            req.chunk_ids, req.chunk_ids_end = unit_ids(req.chunk_ranges, 0, end), end
+        ids = req.chunk_ids
+        counts, refused = self.offload.match(ids, now_s)
+        return ids, counts, max(gpu_hit, min(sum(counts) * ct, total - 1)), refused
 
     def _count_admission(self, req: Request, now_s: float, total: int, gpu_hit: int,
                          ext_end: int) -> None:
@@ -337,6 +393,7 @@ class Scheduler:
     def complete(self, plan: StepPlan, now_s: float) -> list[Request]:
         """Apply a finished step; return the requests that finished with it."""
         bt, ct, gpu, offload = self.block_tokens, self.chunk_tokens, self.gpu, self.offload
+        save_decode_kv = self.save_decode_kv
         finished, sampled = [], 0
         for req, n in zip(plan.requests, plan.tokens, strict=True):
             c = req.computed_tokens = req.computed_tokens + n
@@ -344,26 +401,78 @@ class Scheduler:
             if full > req.committed_blocks:
                 gpu.commit(req.block_ranges, req.committed_blocks, full)
                 req.committed_blocks = full
-            # LMCache stores the prompt's whole chunks; decode KV only with save_decode_cache
-            saved = c if self.save_decode_kv else min(c, req.prompt_tokens)
-            if offload is not None and saved >= (req.saved_chunks + 1) * ct:
-                upto = saved // ct
-                offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
-                req.saved_chunks = upto
-            if c == req.prompt_tokens + req.generated_tokens:
-                req.generated_tokens += 1
+            prompt, generated = req.prompt_tokens, req.generated_tokens
+            if offload is not None:
+                # LMCache stores the prompt's whole chunks; decode KV only with
+                # save_decode_cache
+                saved = c if save_decode_kv or c < prompt else prompt
+                if saved >= (req.saved_chunks + 1) * ct:
+                    upto = saved // ct
+                    offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
+                    req.saved_chunks = upto
+            if c == prompt + generated:
+                req.generated_tokens = generated = generated + 1
                 sampled += 1
                 if req.first_token_s != req.first_token_s:  # NaN: this was the prefill
                     req.first_token_s = now_s
-                if req.generated_tokens >= req.output_tokens:
+                if generated >= req.output_tokens:
                     finished.append(req)
         self.counters.generation_tokens += sampled
+        self.finish(finished, now_s)
+        return finished
+
+    # ------------------------------------------------------------------ decode runs
+
+    def decode_run(self, plan: StepPlan, start_s: float, end_s: float) -> DecodeRun | None:
+        """The run of decode steps that `plan` (from `start_s` to `end_s`) starts
+        (`kvrepro.engines.sim.decode_run`), or None where its preconditions fail: no
+        request is loaded, the queue's head (if any) is tried at every step (its
+        asynchronous lookup, if any, answered by `start_s`), `plan` holds every running
+        request with one decode token each, no step of the run writes to the offload stores
+        (decode KV is not saved; the prompt's chunks are written), and each request's next
+        full blocks go to a segment only it holds, cached up to its committed blocks (so a
+        commit finds no duplicate and changes no count)."""
+        running = self.running
+        if self.ready or plan.prefill_chunks or len(plan.requests) != len(running):
+            return None
+        if self.waiting and self.lookup_async:
+            head = self.waiting[0]
+            if head.lookup_round < LOOKUP_ROUNDS or head.lookup_ready_s > start_s:
+                return None
+        offload, ct, bt = self.offload, self.chunk_tokens, self.block_tokens
+        if offload is not None and self.save_decode_kv:
+            return None
+        refs, cached = self.gpu.refs, self.gpu.cached
+        finish_steps, grow_steps, c0_sum = [], [], 0
+        for i, req in enumerate(running):
+            number, first, _ = req.block_ranges[-1]
+            committed = req.committed_blocks
+            if (committed < first or refs.get(number) != 1
+                    or cached.get(number, 0) != committed - first):
+                return None
+            if offload is not None and req.prompt_tokens >= (req.saved_chunks + 1) * ct:
+                return None
+            c = req.computed_tokens
+            c0_sum += c
+            finish_steps.append((req.output_tokens - req.generated_tokens, i))
+            grow_steps.append(req.blocks * bt - c + 1)
+        return DecodeRun(self, plan, (start_s, end_s), finish_steps, grow_steps, c0_sum)
+
+    def _admission_stands(self, req: Request, now_s: float) -> bool:
+        """Whether `_admission(req, now_s, ...)` would repeat the last one for `req` with no
+        effect on the stores (the GPU side is unchanged in a run: no block of the request's
+        segments is evicted, `GpuPrefixCache.can_allocate`)."""
+        return self.offload is None or self.offload.match_stands(req.chunk_ids, now_s)
+
+    def finish(self, finished: list[Request], now_s: float) -> None:
+        """Requests whose last token was sampled at `now_s` leave: blocks released, state
+        finished, the running list without them."""
         for req in finished:
             self._release(req)
             req.state, req.finish_s = RequestState.FINISHED, now_s
         if finished:
-            self.running = [r for r in self.running if r.state == RequestState.RUNNING]
-        return finished
+            running = RequestState.RUNNING  # an enum member: `is` is `==`, and quicker
+            self.running = [r for r in self.running if r.state is running]
 
     def _release(self, req: Request) -> None:
         self.gpu.unpin(req.segment_numbers)

@@ -20,6 +20,8 @@ A step runs every scheduled request once: prefill chunks and single decode token
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvrepro.calc.roofline import decode_weight_bytes, prefill_time_s
 from kvrepro.engines.sim.config import ServerProfile
 
@@ -39,6 +41,7 @@ class StepTimer:
         self.kv_bytes_per_token = self.model.kv_bytes_per_token
         self.bw_bytes_s = self.gpu.mem_bw_tb_s * 1e12
         self.weight_bytes: dict[int, float] = {}  # roofline.decode_weight_bytes per batch
+        self._decode_fns: dict[int, Callable[[int], float]] = {}  # decode_step_fn per batch
 
     def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
         """Prefill compute of (new_tokens, cached_tokens) chunks."""
@@ -62,6 +65,30 @@ class StepTimer:
         return (self.combine(self.compute_s(prefill_chunks),
                              self.memory_s(kv_tokens, batch_tokens))
                 + self.overhead_s + wait_s)
+
+    def decode_step_s(self, kv_tokens: int, batch_tokens: int) -> float:
+        """`step_s` of a step without prefill chunks or wait, by the same float operations
+        (compute_s of no chunk is 0)."""
+        return self.combine(0, self.memory_s(kv_tokens, batch_tokens)) + self.overhead_s + 0.0
+
+    def decode_step_fn(self, batch_tokens: int) -> Callable[[int], float]:
+        """`decode_step_s` for a fixed batch, as a function of the KV tokens: the scheduler's
+        runs of decode steps call it once per step. The same float operations as
+        `memory_s` and `decode_step_s` (tests/sim/test_decode_runs.py checks bit equality),
+        with the batch's weights and the constants looked up once (one per batch, kept)."""
+        step_fn = self._decode_fns.get(batch_tokens)
+        if step_fn is not None:
+            return step_fn
+        self.memory_s(0, batch_tokens)  # fills weight_bytes for the batch
+        weights, per_token = self.weight_bytes[batch_tokens], self.kv_bytes_per_token
+        bw, efficiency, overhead_s = self.bw_bytes_s, self.decode_efficiency, self.overhead_s
+
+        def step_s(kv_tokens: int) -> float:
+            # combine(0, memory) is memory itself for either combine (memory > 0: a model
+            # has weights), so it is left out
+            return (weights + kv_tokens * per_token) / bw / efficiency + overhead_s + 0.0
+        self._decode_fns[batch_tokens] = step_s
+        return step_s
 
 
 def _add(a: float, b: float) -> float:
