@@ -28,6 +28,7 @@ from kvrepro._paths import data_file
 from kvrepro.engines.sim import load_profile, simulate
 from kvrepro.engines.sim.campaign import campaign, simulate_campaign
 from kvrepro.engines.sim.config import OffloadTier, ServerProfile
+from kvrepro.engines.sim.decode_run import DecodeRun
 from kvrepro.engines.sim.events import EventQueue, LoadDone, Sample, StepEnd, TurnArrival
 from kvrepro.engines.sim.fleet import simulate_fleet
 from kvrepro.engines.sim.offload import ChunkStore
@@ -163,6 +164,25 @@ def test_decode_runs_change_nothing(decode_runs: Any, runs: Any) -> None:
     fast = runs()
     _assert_same(slow, fast)
     assert counted.skips > 0  # the fast path did run
+
+
+def test_fleet_runs_go_on_past_the_other_servers_steps(decode_runs: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a fleet the next event is mostly another server's step end: a server's run is
+    suspended there and resumed at its own step's end (not settled, which would write its
+    requests back and plan the next step step by step), and the records are the same
+    (`test_decode_runs_change_nothing[fleets]`)."""
+    resumed = []
+    original = DecodeRun.advance
+
+    def advance(run: DecodeRun, limit_s: float, inclusive: bool, resume: bool = False) -> Any:
+        resumed.append(resume)
+        return original(run, limit_s, inclusive, resume)
+    monkeypatch.setattr(DecodeRun, "advance", advance)
+    counted = decode_runs(True)
+    simulate_fleet(_tiny_workload(60.0), load_fleet(data_file("fleets", "cpu_tiny_2x.yaml")))
+    assert sum(resumed) > 0.5 * len(resumed)  # most advances resume a suspended run
+    assert counted.skips > 0
 
 
 def test_decode_runs_stop_where_the_loop_would_preempt(decode_runs: Any) -> None:

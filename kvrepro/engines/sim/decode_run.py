@@ -12,9 +12,13 @@ What the run does at each step end (t is the step's end; the engine hands it `li
 `inclusive` from `EventQueue.step_end_limit`: the step end is the next event while
 t < limit_s, or t == limit_s and `inclusive`):
 
-* a step whose end is not the next event stops the run with that step in progress
-  (`advance` returns "in_progress"; the requests' counts are written back, the plan is the
-  step's), and the engine queues its end as usual;
+* a step whose end is not the next event suspends the run with that step in progress
+  (`advance` returns "in_progress"), and the engine queues its end as usual. If that end is
+  the next event for the server, the engine resumes the run (`advance(..., resume=True)`):
+  in a fleet, the other servers' step ends come between, and each step costs O(1) still.
+  Anything else that reads or changes the server first (an arrival for it, a load or
+  lookup reply, a sample, the end of the run) makes the engine `settle` the run: the
+  requests' counts are written back, the plan is the step's, and the step ends as any;
 * requests whose last token this step samples finish with it: the run writes their counts
   back, releases them as `Scheduler.complete` does and returns them ("completed"); the
   engine records them and issues their sessions' next turns, then calls `advance` again,
@@ -83,10 +87,13 @@ class DecodeRun:
 
     # ------------------------------------------------------------------ stepping
 
-    def advance(self, limit_s: float, inclusive: bool) -> tuple[Outcome, list[Request]]:
+    def advance(self, limit_s: float, inclusive: bool,
+                resume: bool = False) -> tuple[Outcome, list[Request]]:
         """Plan and end steps while their ends are the next events (after "completed", the
         engine calls it again, which first plans the next step); see the module doc for the
-        outcomes. The loop keeps its state in locals: it runs once per simulated step."""
+        outcomes. `resume`: the step in progress ends now (the engine popped its end: the run
+        was suspended, `settle`). The loop keeps its state in locals: it runs once per
+        simulated step."""
         bt, gpu, by_residue = self.sched.block_tokens, self.sched.gpu, self.by_residue
         grows, live, n_grows = self.grows, self.grow_live, len(self.grows)
         step, start_s, end_s, duration_s = self.step, self.start_s, self.end_s, self.duration_s
@@ -116,7 +123,9 @@ class DecodeRun:
                 # = Scheduler._duration_s([], kv, 0.0, batch, batch): the same float operations
                 duration_s = decode_step_s(c0_sum + batch * nxt) + connector_s + request_s
                 start_s, end_s, step, ended = end_s, end_s + duration_s, nxt, False
-            if not (end_s < limit_s or (end_s == limit_s and inclusive)):
+            if resume:
+                resume = False  # its end was the event being handled
+            elif not (end_s < limit_s or (end_s == limit_s and inclusive)):
                 break  # something else comes first: the step stays in progress
             tokens += batch  # the step ends: one token of each running request
             ended = True
@@ -130,8 +139,16 @@ class DecodeRun:
         self.changed = self.changed or planned > 0
         if outcome == "completed":
             return outcome, self._finish()
-        self._write_back(step if ended else step - 1, planned=not ended)
+        if outcome == "replan":
+            self._write_back(step if ended else step - 1, planned=not ended)
         return outcome, []
+
+    def settle(self) -> None:
+        """Write the run's state back to the scheduler (the requests' counts, the counters,
+        the plan of the step in progress), as step by step would have left it; after an
+        "in_progress" outcome, before anything else reads or changes the server (the engine
+        calls this: an arrival, a load, a sample, the end). The run is done with then."""
+        self._write_back(self.step if self.ended else self.step - 1, planned=not self.ended)
 
     def _head_waits(self, need: int, now_s: float) -> bool:
         """Whether the queue's head still does not fit when the next step is planned at

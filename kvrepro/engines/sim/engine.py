@@ -73,6 +73,8 @@ class Engine:
         self.identity = BlockIdentity(workload)
         self.schedulers = self._make_schedulers(server, tier)
         self.plans: list[StepPlan | None] = [None] * len(self.schedulers)
+        # a server's run of decode steps suspended with a step in progress (its end queued)
+        self.runs: list[DecodeRun | None] = [None] * len(self.schedulers)
         self.tier_name, self.sink = tier.name, sink
         self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
         self.store_names = [store.name for store in tier.offload]
@@ -129,6 +131,7 @@ class Engine:
             if type(event) is Sample:
                 limit_s = self.now_s if bar.total is None else min(self.now_s, bar.total)
                 bar.update(max(0.0, limit_s - bar.n))
+        self._settle_all()
 
     def _issue(self, session_pos: int, turn_pos: int, send_s: float) -> None:
         """Queue a turn's arrival, or count the session's remaining turns as not sent."""
@@ -142,44 +145,67 @@ class Engine:
         if self.plans[instance] is None:
             self._start_step(instance)
 
-    def _start_step(self, instance: int) -> None:
-        """Plan server `instance`'s next step and queue its end. Decode steps whose ends
-        would be the next events anyway run at once (`kvrepro.engines.sim.decode_run`), so
-        the step queued is the first one something else may come before."""
+    def _start_step(self, instance: int, run: DecodeRun | None = None) -> None:
+        """Plan server `instance`'s next step and queue its end (with `run`: resume that
+        suspended run, whose step in progress ends now). Decode steps whose ends would be the
+        next events anyway run at once (`kvrepro.engines.sim.decode_run`), so the step
+        queued is the first one something else may come before."""
         sched = self.schedulers[instance]
+        resume = run is not None
         while True:
-            plan = self.plans[instance] = sched.schedule(self.now_s)
-            for load in sched.take_new_loads():
-                self.queue.push(load)
-            if plan is None:
-                return
-            end_s: float | None = self.now_s + plan.duration_s
-            run = None
-            if not plan.prefill_chunks:
-                limit_s, inclusive = self.queue.step_end_limit(self.hard_end_s)
-                if end_s < limit_s or (end_s == limit_s and inclusive):  # it is next
+            if run is None:
+                plan = self.plans[instance] = sched.schedule(self.now_s)
+                for load in sched.take_new_loads():
+                    self.queue.push(load)
+                if plan is None:
+                    return
+                end_s: float | None = self.now_s + plan.duration_s
+                if not plan.prefill_chunks and self._may_run(end_s):
                     run = sched.decode_run(plan, self.now_s, end_s)
             if run is not None:
-                end_s = self._decode_run(instance, run)
+                end_s = self._decode_run(instance, run, resume)
+                run, resume = None, False
             if end_s is not None:
                 break
             # the run ended a step and stopped before the next: plan that one step by step
         self.queue.push(StepEnd(end_s, sched.counters.steps, instance))
 
-    def _decode_run(self, instance: int, run: DecodeRun) -> float | None:
+    def _may_run(self, end_s: float) -> bool:
+        """Whether to start a run of decode steps with a step ending at `end_s`: when that
+        end is the next event (else the event before it would settle the run at once)."""
+        limit_s, inclusive = self.queue.step_end_limit(self.hard_end_s)
+        return end_s < limit_s or (end_s == limit_s and inclusive)
+
+    def _decode_run(self, instance: int, run: DecodeRun, resume: bool) -> float | None:
         """Drive a run of decode steps: the requests it finishes are handled as at a step
-        end. Returns the end of the step in progress when it stops (its plan is the
-        server's), or None when a step ended and the next must be planned step by step."""
+        end. Returns the end of the step in progress when it is suspended (`self.runs`), or
+        None when a step ended and the next must be planned step by step."""
         while True:
-            outcome, finished = run.advance(*self.queue.step_end_limit(self.hard_end_s))
+            outcome, finished = run.advance(*self.queue.step_end_limit(self.hard_end_s),
+                                            resume)
+            resume = False
             if outcome == "in_progress":
                 self.now_s, self.plans[instance] = run.start_s, run.plan
+                self.runs[instance] = run
                 return run.end_s
             self.now_s, self.plans[instance] = run.end_s, None
             for req in finished:
                 self._finished(req)
             if outcome == "replan":
                 return None
+
+    def _settle(self, instance: int) -> None:
+        """Something is about to read or change server `instance`: a suspended run writes
+        its state back first (`DecodeRun.settle`); its step in progress then ends as any."""
+        run = self.runs[instance]
+        if run is not None:
+            self.runs[instance] = None
+            run.settle()
+
+    def _settle_all(self) -> None:
+        for instance, run in enumerate(self.runs):
+            if run is not None:
+                self._settle(instance)
 
     # ------------------------------------------------------------------ handlers
 
@@ -205,6 +231,7 @@ class Engine:
             self._release_slot()
             self._left(req)
             return
+        self._settle(instance)
         self.schedulers[instance].waiting.append(req)
         self._wake(instance)
 
@@ -252,6 +279,11 @@ class Engine:
 
     def _step_end(self, event: StepEnd) -> None:
         instance = event.instance
+        run = self.runs[instance]
+        if run is not None:  # a suspended run's step: it goes on
+            self.runs[instance] = None
+            self._start_step(instance, run)
+            return
         finished = self.schedulers[instance].complete(self.plans[instance], self.now_s)
         self.plans[instance] = None
         for req in finished:
@@ -272,13 +304,16 @@ class Engine:
             self._issue(req.session_pos, nxt, send_s)
 
     def _load_done(self, event: LoadDone) -> None:
+        self._settle(event.instance)
         self.schedulers[event.instance].on_load_done(event.request)
         self._wake(event.instance)
 
     def _lookup_done(self, event: LookupDone) -> None:
+        self._settle(event.instance)
         self._wake(event.instance)
 
     def _take_sample(self, event: Sample) -> None:
+        self._settle_all()
         for row in self._sample_rows():
             self.sink.add_sample(row)
         if self.queue or any(plan is not None for plan in self.plans):

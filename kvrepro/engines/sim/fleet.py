@@ -275,6 +275,11 @@ class FleetEngine(Engine):
         return [Scheduler(server, tier, StepTimer(server), offload=self.pool, instance=i)
                 for i in range(self.fleet.n_servers)]
 
+    def _may_run(self, end_s: float) -> bool:
+        """Always: the next event is mostly another server's step end, which leaves this
+        server's run suspended, not settled (`Engine._settle`)."""
+        return True
+
     def _route(self, req: Request) -> int:
         instance = self.router.route(req)
         previous = self.last_instance.get(req.session_pos)
