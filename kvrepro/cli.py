@@ -24,7 +24,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     try:
         overrides = parse_overrides(args.param)
-        result = reproduce(args.notebooks, args.figures, args.runs, args.only, overrides)
+        result = reproduce(args.notebooks, args.figures, args.runs, args.only, overrides,
+                           jobs=args.jobs)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro reproduce: {err}", file=sys.stderr)
         return 2
@@ -313,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--notebooks", default="notebooks", help="folder of NN_name.ipynb")
     rep.add_argument("--figures", default="figures", help="where figures are written")
     rep.add_argument("--runs", default="runs", help="where executed notebooks are written")
+    rep.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                     help="notebooks run at once (default: one per CPU, at most 4; those "
+                          "marked runs_alone, fio and the Ray sweeps, run by themselves)")
     rep.add_argument("--store-checked-outputs", action="store_true",
                      help="copy the outputs of '# NBVAL_CHECK_OUTPUT' cells back into the "
                           "notebooks (accept on purpose a change that moves a checked number)")

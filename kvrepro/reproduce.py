@@ -1,18 +1,27 @@
 """Run every notebook with papermill and gather the headline numbers: `kvrepro reproduce`.
 
-Each notebook runs in order (01_, 02_, ...) with its embedded defaults plus `figures_dir` and
-`results_dir`; the executed copy lands in `runs/<UTC timestamp>/`, figures in `figures/`, and
-each notebook's headline CSV in `runs/<ts>/results/`. A failing notebook is reported with the
-cell that failed; the others still run, and what they produced stays on disk. Each notebook's
-wall time goes to `runs/<ts>/timings.csv`, and the page a reader opens (figures, numbers,
+Each notebook runs with its embedded defaults plus `figures_dir` and `results_dir`; the
+executed copy lands in `runs/<UTC timestamp>/`, figures in `figures/`, and each notebook's
+headline CSV in `runs/<ts>/results/`. A failing notebook is reported with the cell that
+failed; the others still run, and what they produced stays on disk. Each notebook's wall
+time goes to `runs/<ts>/timings.csv`, and the page a reader opens (figures, numbers,
 validation, provenance) to `runs/<ts>/report.html` (`kvrepro.report`).
+
+The notebooks are independent (each reads shipped data and writes its own files), so with
+`jobs` > 1 they run that many at a time, each in its own process, except those whose
+metadata says `"kvrepro": {"runs_alone": "<why>"}`: a notebook that measures this machine
+(fio) or uses every core itself (a Ray sweep) runs by itself, first, in order.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import multiprocessing
+import os
 import shutil
 import time
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,42 +110,95 @@ def _check_overrides(notebooks: list[Path], overrides: dict[str, Any]) -> None:
                          f"{[nb.name for nb in notebooks]}")
 
 
-def _run_one(notebook: Path, run_dir: Path, figures_dir: Path,
-             parameters: dict[str, Any]) -> NotebookFailure | None:
+def _run_one(notebook: Path, run_dir: Path, figures_dir: Path, parameters: dict[str, Any],
+             progress: bool = True) -> tuple[NotebookFailure | None, float]:
+    """Execute one notebook; (its failure or None, its wall time in s)."""
     params = {"figures_dir": str(figures_dir.resolve()),
               "results_dir": str((run_dir / "results").resolve()), **parameters}
+    start_s = time.perf_counter()
+    bar: Any = {"leave": False, "desc": notebook.stem} if progress else False
     try:
         pm.execute_notebook(str(notebook), str(run_dir / notebook.name), parameters=params,
-                            cwd=str(notebook.parent), progress_bar={"leave": False,
-                                                                    "desc": notebook.stem},
+                            cwd=str(notebook.parent), progress_bar=bar,
                             kernel_name="python3")
     except pm.PapermillExecutionError as err:
-        return NotebookFailure(notebook.name, err.cell_index, err.exec_count,
-                               f"{err.ename}: {err.evalue}")
-    return None
+        failure = NotebookFailure(notebook.name, err.cell_index, err.exec_count,
+                                  f"{err.ename}: {err.evalue}")
+        return failure, time.perf_counter() - start_s
+    return None, time.perf_counter() - start_s
+
+
+def runs_alone(notebook: Path) -> str:
+    """Why `notebook` must run by itself (its metadata's kvrepro.runs_alone), or ""."""
+    meta = json.loads(notebook.read_text(encoding="utf-8")).get("metadata", {})
+    return str(meta.get("kvrepro", {}).get("runs_alone", ""))
+
+
+def default_jobs() -> int:
+    """Notebooks run at once by default: one per CPU, at most 4 (each kernel holds its
+    data in memory)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _note(result: ReproduceResult, nb: Path, failure: NotebookFailure | None,
+          wall_s: float) -> None:
+    result.timings.append({"notebook": nb.name, "wall_s": wall_s,
+                           "status": "failed" if failure else "ok"})
+    result.executed.append(result.run_dir / nb.name)
+    if failure:
+        result.failures.append(failure)
+        tqdm.write(f"FAILED: {failure}")
+
+
+def _run_all(notebooks: list[Path], result: ReproduceResult, figures_dir: Path,
+             overrides: dict[str, Any], jobs: int) -> None:
+    """Run the notebooks (see the module doc): those that run alone first, one by one,
+    then the others `jobs` at a time, each in a fresh process."""
+    alone = [nb for nb in notebooks if jobs == 1 or runs_alone(nb)]
+    shared = [nb for nb in notebooks if nb not in alone]
+    bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb")
+    for nb in alone:
+        bar.set_postfix_str(nb.name)
+        _note(result, nb, *_run_one(nb, result.run_dir, figures_dir,
+                                    _overrides_for(nb, overrides)))
+        bar.update()
+    if shared:
+        bar.set_postfix_str(f"{len(shared)} notebooks, {jobs} at a time")
+        with ProcessPoolExecutor(max_workers=jobs,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures: dict[Future[Any], Path] = {
+                pool.submit(_run_one, nb, result.run_dir, figures_dir,
+                            _overrides_for(nb, overrides), False): nb for nb in shared}
+            for future in as_completed(futures):
+                nb = futures[future]
+                try:
+                    failure, wall_s = future.result()
+                except Exception as err:  # the worker died (e.g. the kernel could not start)
+                    failure, wall_s = NotebookFailure(nb.name, None, None, repr(err)), 0.0
+                _note(result, nb, failure, wall_s)
+                bar.update()
+    bar.close()
+    order = {nb.name: i for i, nb in enumerate(notebooks)}
+    result.timings.sort(key=lambda row: order[row["notebook"]])
+    result.executed.sort(key=lambda path: order[path.name])
 
 
 def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path = "figures",
               runs_dir: str | Path = "runs", only: list[str] | None = None,
-              overrides: dict[str, Any] | None = None) -> ReproduceResult:
-    """Execute the notebooks, write figures and the headline table; see the module doc."""
+              overrides: dict[str, Any] | None = None,
+              jobs: int | None = None) -> ReproduceResult:
+    """Execute the notebooks, write figures and the headline table; see the module doc.
+    `jobs`: notebooks run at once (default `default_jobs()`; 1: one by one, in order)."""
     notebooks = find_notebooks(Path(notebooks_dir), only)
     overrides = overrides or {}
+    jobs = default_jobs() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"parameter 'jobs' must be >= 1, got {jobs}")
     _check_overrides(notebooks, overrides)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     result = ReproduceResult(run_dir=Path(runs_dir) / stamp)
     result.run_dir.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(notebooks, desc="notebooks", unit="nb")
-    for nb in bar:
-        bar.set_postfix_str(nb.name)
-        start_s = time.perf_counter()
-        failure = _run_one(nb, result.run_dir, Path(figures_dir), _overrides_for(nb, overrides))
-        result.timings.append({"notebook": nb.name, "wall_s": time.perf_counter() - start_s,
-                               "status": "failed" if failure else "ok"})
-        result.executed.append(result.run_dir / nb.name)
-        if failure:
-            result.failures.append(failure)
-            tqdm.write(f"FAILED: {failure}")
+    _run_all(notebooks, result, Path(figures_dir), overrides, jobs)
     pd.DataFrame(result.timings, columns=["notebook", "wall_s", "status"]).to_csv(
         result.run_dir / TIMINGS_CSV, index=False)
     result.headlines = reference.collect_headlines(result.run_dir / "results")
