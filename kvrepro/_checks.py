@@ -61,14 +61,27 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
+def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
+    """`raw` (parsed YAML, or a dict built in code) as pydantic `model`; an error names
+    `source` and each bad key's dotted path ("<source>: invalid <what>: key a.b: ...")."""
+    from pydantic import ValidationError
+
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: expected a mapping at the top level")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        problems = "; ".join(f"key {key_path(e['loc'])}: {e['msg']}" for e in err.errors())
+        raise ValueError(f"{source}: invalid {what}: {problems}") from err
+
+
 def load_yaml_model(path: Any, model: Any, what: str) -> Any:
     """Read YAML file `path` into pydantic `model`; every error names the file, and each bad
-    key its dotted path ("<file>: invalid <what>: key a.b: ..."). Why one function: every
-    config the package reads (fleets, sweep grids) must fail the same clear way."""
+    key its dotted path (`validate_model`). Why one function: every config the package
+    reads (server specs, fleets, sweep grids) must fail the same clear way."""
     from pathlib import Path
 
     import yaml
-    from pydantic import ValidationError
 
     src = Path(path)
     if not src.is_file():
@@ -77,10 +90,4 @@ def load_yaml_model(path: Any, model: Any, what: str) -> Any:
         raw = yaml.safe_load(src.read_text())
     except yaml.YAMLError as err:
         raise ValueError(f"{src}: malformed YAML: {err}") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{src}: expected a mapping at the top level")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as err:
-        problems = "; ".join(f"key {key_path(e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"{src}: invalid {what}: {problems}") from err
+    return validate_model(raw, model, what, str(src))

@@ -32,17 +32,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeFloat,
-    ValidationError,
     model_validator,
 )
 
+from kvrepro._checks import load_yaml_model, validate_model
 from kvrepro.calc.endurance import normalize_raid_level, raid_write_factor
 from kvrepro.calc.models import ModelSpec, get_model
 
@@ -318,30 +317,13 @@ class ServerSpec(_Strict):
         return self.tier(tier).kv_cache_bytes or self.engine.kv_cache_bytes
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
-
-
 def _validate(raw: Any, source: str) -> ServerSpec:
-    if not isinstance(raw, dict):
-        raise ValueError(f"{source}: expected a mapping at the top level")
-    try:
-        return ServerSpec.model_validate(raw)
-    except ValidationError as err:
-        problems = "; ".join(f"key {_where(e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"{source}: invalid server spec: {problems}") from err
+    return validate_model(raw, ServerSpec, "server spec", source)
 
 
 def load_server(path: str | Path) -> ServerSpec:
     """Read a server spec from YAML; errors name the file and each bad key's dotted path."""
-    src = Path(path)
-    if not src.is_file():
-        raise FileNotFoundError(f"server spec not found: {src}")
-    try:
-        raw = yaml.safe_load(src.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{src}: malformed YAML: {err}") from err
-    return _validate(raw, str(src))
+    return load_yaml_model(path, ServerSpec, "server spec")
 
 
 def with_lmcache_flag(spec: ServerSpec, flag: str, value: Any) -> ServerSpec:
