@@ -224,6 +224,9 @@ class ChunkStore:
         if (last is not None and last[0] is ids and last[1] == start
                 and last[2] == self.version and last[4] <= now_s < last[5]):
             return last[3]
+        if start < len(ids) and ids[start] not in self.entries:  # e.g. a skip_l1 staging L1
+            self._last_scan = (ids, start, self.version, 0, now_s, _ABSENT)
+            return 0
         # each chunk's time (inf: absent), read at C speed; then the first one not ready
         times = list(map(self.entries.get, ids[start:], repeat(_ABSENT)))
         found, until_s = len(times), _ABSENT
