@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
+# notebooks nbval runs at once (pytest-xdist, one notebook per worker: --dist loadscope)
+NBVAL_JOBS ?= 2
 
 .PHONY: reproduce test install install-dev live-cpu fio chromium lint lab clean
 
@@ -61,7 +63,7 @@ reproduce: install fio
 test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest
-	$(BIN)/pytest --nbval-lax notebooks/
+	$(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
 
 lint: install-dev
 	$(BIN)/ruff check kvrepro tests benchmarks
