@@ -78,12 +78,21 @@ class DecodeRun:
         sched = self.sched
         self.batch = batch = len(sched.running)
         self.budget = sched.max_batched_tokens - batch
-        self.head = (sched.waiting[0] if sched.waiting and self.budget > 0
-                     and batch < sched.max_num_seqs else None)
-        self.keep = set(self.head.segment_numbers) if self.head is not None else set()
-        self.adm: Admission | None = None
         self.decode_step_s = sched.timer.decode_step_fn(batch) if batch else None
         self.connector_s, self.request_s = sched.connector_s[0], sched.connector_s[1] * batch
+        self._set_head()
+
+    def _set_head(self) -> None:
+        """The queue's head the scheduler tries at the next step (None: the queue is empty,
+        or no budget or seat is left). A head whose asynchronous lookup has no answer by
+        then (it arrived during the run) makes that step step by step (`replan_next`): the
+        scheduler sends its lookup."""
+        sched = self.sched
+        self.head = head = (sched.waiting[0] if sched.waiting and self.budget > 0
+                            and self.batch < sched.max_num_seqs else None)
+        self.keep = set(head.segment_numbers) if head is not None else set()
+        self.adm: Admission | None = None
+        self.replan_next = head is not None and not sched.lookup_answered(head, self.end_s)
 
     # ------------------------------------------------------------------ stepping
 
@@ -94,6 +103,8 @@ class DecodeRun:
         outcomes. `resume`: the step in progress ends now (the engine popped its end: the run
         was suspended, `settle`). The loop keeps its state in locals: it runs once per
         simulated step."""
+        if self.head is None and self.sched.waiting:  # a request arrived while suspended
+            self._set_head()
         bt, gpu, by_residue = self.sched.block_tokens, self.sched.gpu, self.by_residue
         grows, live, n_grows = self.grows, self.grow_live, len(self.grows)
         step, start_s, end_s, duration_s = self.step, self.start_s, self.end_s, self.duration_s
@@ -113,7 +124,8 @@ class DecodeRun:
                     added += 1
                     next_grow = grows[added][0] if added < n_grows else 1 << 62
                 need = by_residue[nxt % bt]
-                if not batch or (head is not None and not self._head_waits(need, end_s)) \
+                if not batch or self.replan_next \
+                        or (head is not None and not self._head_waits(need, end_s)) \
                         or (need and not gpu.allocate(need)):
                     outcome = "replan"  # admission, preemption or no request: step by step
                     break
@@ -183,7 +195,7 @@ class DecodeRun:
                 self.by_residue[first % bt] -= 1
             self.grow_live[i] = False
             self._write_back_one(req, step, planned=False)
-        self._flush_counters()
+        self.flush_counters()
         sched.finish(finished, self.end_s)
         self.changed = True
         self._set_batch()
@@ -198,7 +210,7 @@ class DecodeRun:
             return  # nothing happened: the plan and the counts are the scheduler's
         for req in self.sched.running:
             self._write_back_one(req, steps, planned)
-        self._flush_counters()
+        self.flush_counters()
         if planned and self.changed:
             plan, running = self.plan, self.sched.running
             plan.requests, plan.tokens, plan.prefill_chunks = list(running), [1] * len(running), []
@@ -217,7 +229,10 @@ class DecodeRun:
             self.sched.gpu.commit(req.block_ranges, req.committed_blocks, full)
             req.committed_blocks = full
 
-    def _flush_counters(self) -> None:
+    def flush_counters(self) -> None:
+        """Add the tokens generated and steps planned so far to the server's counters (a
+        sample reads them while the run is suspended; nothing else it reads is held back:
+        blocks are allocated as steps are planned, and no store is written)."""
         counters = self.sched.counters
         counters.generation_tokens += self.tokens_generated
         counters.steps += self.steps_planned

@@ -231,7 +231,7 @@ class Engine:
             self._release_slot()
             self._left(req)
             return
-        self._settle(instance)
+        # a suspended run goes on: it tries a new head of the queue at its next step
         self.schedulers[instance].waiting.append(req)
         self._wake(instance)
 
@@ -313,7 +313,9 @@ class Engine:
         self._wake(event.instance)
 
     def _take_sample(self, event: Sample) -> None:
-        self._settle_all()
+        for run in self.runs:  # a sample reads the counters; the runs go on
+            if run is not None:
+                run.flush_counters()
         for row in self._sample_rows():
             self.sink.add_sample(row)
         if self.queue or any(plan is not None for plan in self.plans):

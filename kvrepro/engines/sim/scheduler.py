@@ -435,10 +435,8 @@ class Scheduler:
         running = self.running
         if self.ready or plan.prefill_chunks or len(plan.requests) != len(running):
             return None
-        if self.waiting and self.lookup_async:
-            head = self.waiting[0]
-            if head.lookup_round < LOOKUP_ROUNDS or head.lookup_ready_s > start_s:
-                return None
+        if self.waiting and not self.lookup_answered(self.waiting[0], start_s):
+            return None
         offload, ct, bt = self.offload, self.chunk_tokens, self.block_tokens
         if offload is not None and self.save_decode_kv:
             return None
@@ -457,6 +455,13 @@ class Scheduler:
             finish_steps.append((req.output_tokens - req.generated_tokens, i))
             grow_steps.append(req.blocks * bt - c + 1)
         return DecodeRun(self, plan, (start_s, end_s), finish_steps, grow_steps, c0_sum)
+
+    def lookup_answered(self, req: Request, now_s: float) -> bool:
+        """Whether the scheduler would try to admit `req` at a step at `now_s` as far as its
+        asynchronous lookup goes (`_lookup_pending`: every round trip's reply in); always
+        without asynchronous lookups."""
+        return not self.lookup_async or (req.lookup_round >= LOOKUP_ROUNDS
+                                         and req.lookup_ready_s <= now_s)
 
     def _admission_stands(self, req: Request, now_s: float) -> bool:
         """Whether `_admission(req, now_s, ...)` would repeat the last one for `req` with no
