@@ -173,7 +173,8 @@ class DecodeRun:
         if self.adm is None or not sched._admission_stands(head, now_s):
             self.adm = sched._admission(head, now_s, self.budget)
             if self.adm.need <= gpu.available_blocks(head.segment_numbers) - need:
-                return False  # the scheduler admits it here
+                sched.admission_hint = (head, now_s, self.budget, self.adm)
+                return False  # the scheduler admits it here (with this admission)
         # else: the same answer, and blocks only get fewer in a run: it still waits
         return True
 

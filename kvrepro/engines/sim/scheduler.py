@@ -124,6 +124,9 @@ class Scheduler:
         self.ready: deque[Request] = deque()
         self.loading = 0
         self.new_loads: list[LoadDone | LookupDone] = []
+        # (request, time, budget, admission) a run of decode steps found fits, then stopped
+        # for the scheduler to admit it (`DecodeRun._head_waits`): `_admit` takes it as is
+        self.admission_hint: tuple[Request, float, int, Admission] | None = None
         self.counters = Counters()
 
     def has_work(self) -> bool:
@@ -276,7 +279,12 @@ class Scheduler:
     def _admit(self, req: Request, now_s: float, budget: int, plan: StepPlan) -> int:
         """Admit the queue's head; tokens scheduled now (0 if it waits for a load), -1 if it
         does not fit."""
-        adm = self._admission(req, now_s, budget)
+        hint, self.admission_hint = self.admission_hint, None
+        if (hint is not None and hint[0] is req and hint[1] == now_s and hint[2] == budget
+                and self._admission_stands(req, now_s)):
+            adm = hint[3]  # computed at this time, and nothing it read has changed since
+        else:
+            adm = self._admission(req, now_s, budget)
         fits = adm.need <= self.gpu.available_blocks(req.segment_numbers)
         if adm.refused:
             self.offload.refuse_prefetch(adm.refused, now_s)
