@@ -21,7 +21,6 @@ import multiprocessing
 import os
 import shutil
 import time
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from kvrepro import reference
+from kvrepro._signals import stop_on_signals
 from kvrepro.report import TIMINGS_CSV, write_report
 
 
@@ -150,6 +150,37 @@ def _note(result: ReproduceResult, nb: Path, failure: NotebookFailure | None,
         tqdm.write(f"FAILED: {failure}")
 
 
+def _run_guarded(task: tuple[Path, Path, Path, dict[str, Any]]
+                 ) -> tuple[Path, NotebookFailure | None, float]:
+    """`_run_one` in a worker process, any error turned into the notebook's failure (so
+    that the other notebooks still run)."""
+    nb, run_dir, figures_dir, params = task
+    start_s = time.perf_counter()
+    try:
+        return (nb, *_run_one(nb, run_dir, figures_dir, params, progress=False))
+    except Exception as err:  # e.g. the kernel could not start
+        return nb, NotebookFailure(nb.name, None, None, repr(err)), time.perf_counter() - start_s
+
+
+def _run_side_by_side(notebooks: list[Path], result: ReproduceResult, figures_dir: Path,
+                      overrides: dict[str, Any], jobs: int, bar: Any) -> None:
+    """The notebooks, `jobs` at a time in worker processes. SIGINT or SIGTERM terminates
+    the workers (their kernels, in sessions of their own, exit with them: ipykernel
+    watches its parent), and what finished is kept."""
+    tasks = [(nb, result.run_dir, figures_dir, _overrides_for(nb, overrides))
+             for nb in notebooks]
+    pool = multiprocessing.get_context("spawn").Pool(jobs)
+    try:
+        with stop_on_signals():
+            for nb, failure, wall_s in pool.imap_unordered(_run_guarded, tasks):
+                _note(result, nb, failure, wall_s)
+                bar.update()
+        pool.close()
+    finally:
+        pool.terminate()  # at once if interrupted; after close(), the idle workers
+        pool.join()
+
+
 def _run_all(notebooks: list[Path], result: ReproduceResult, figures_dir: Path,
              overrides: dict[str, Any], jobs: int) -> None:
     """Run the notebooks (see the module doc): those that run alone first, one by one,
@@ -157,30 +188,20 @@ def _run_all(notebooks: list[Path], result: ReproduceResult, figures_dir: Path,
     alone = [nb for nb in notebooks if jobs == 1 or runs_alone(nb)]
     shared = [nb for nb in notebooks if nb not in alone]
     bar = tqdm(total=len(notebooks), desc="notebooks", unit="nb")
-    for nb in alone:
-        bar.set_postfix_str(nb.name)
-        _note(result, nb, *_run_one(nb, result.run_dir, figures_dir,
-                                    _overrides_for(nb, overrides)))
-        bar.update()
-    if shared:
-        bar.set_postfix_str(f"{len(shared)} notebooks, {jobs} at a time")
-        with ProcessPoolExecutor(max_workers=jobs,
-                                 mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures: dict[Future[Any], Path] = {
-                pool.submit(_run_one, nb, result.run_dir, figures_dir,
-                            _overrides_for(nb, overrides), False): nb for nb in shared}
-            for future in as_completed(futures):
-                nb = futures[future]
-                try:
-                    failure, wall_s = future.result()
-                except Exception as err:  # the worker died (e.g. the kernel could not start)
-                    failure, wall_s = NotebookFailure(nb.name, None, None, repr(err)), 0.0
-                _note(result, nb, failure, wall_s)
-                bar.update()
-    bar.close()
-    order = {nb.name: i for i, nb in enumerate(notebooks)}
-    result.timings.sort(key=lambda row: order[row["notebook"]])
-    result.executed.sort(key=lambda path: order[path.name])
+    try:
+        for nb in alone:
+            bar.set_postfix_str(nb.name)
+            _note(result, nb, *_run_one(nb, result.run_dir, figures_dir,
+                                        _overrides_for(nb, overrides)))
+            bar.update()
+        if shared:
+            bar.set_postfix_str(f"{len(shared)} notebooks, {jobs} at a time")
+            _run_side_by_side(shared, result, figures_dir, overrides, jobs, bar)
+    finally:
+        bar.close()
+        order = {nb.name: i for i, nb in enumerate(notebooks)}
+        result.timings.sort(key=lambda row: order[row["notebook"]])
+        result.executed.sort(key=lambda path: order[path.name])
 
 
 def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path = "figures",
@@ -198,9 +219,11 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     result = ReproduceResult(run_dir=Path(runs_dir) / stamp)
     result.run_dir.mkdir(parents=True, exist_ok=True)
-    _run_all(notebooks, result, Path(figures_dir), overrides, jobs)
-    pd.DataFrame(result.timings, columns=["notebook", "wall_s", "status"]).to_csv(
-        result.run_dir / TIMINGS_CSV, index=False)
+    try:
+        _run_all(notebooks, result, Path(figures_dir), overrides, jobs)
+    finally:  # interrupted too: what ran is kept, with its times
+        pd.DataFrame(result.timings, columns=["notebook", "wall_s", "status"]).to_csv(
+            result.run_dir / TIMINGS_CSV, index=False)
     result.headlines = reference.collect_headlines(result.run_dir / "results")
     result.headlines.to_csv(result.run_dir / "headline_numbers.csv", index=False)
     validation = result.run_dir / "results" / "sim_validation" / VALIDATION_CSV

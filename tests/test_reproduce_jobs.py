@@ -86,3 +86,60 @@ def test_shipped_notebooks_that_run_alone_say_why() -> None:
              if runs_alone(nb)}
     assert set(alone) == {"07_sim_whatif.ipynb", "11_storage_fio.ipynb", "13_fleet.ipynb"}
     assert all(len(why.split()) >= 5 for why in alone.values())
+
+
+def _children(pid: int) -> set[int]:
+    """Every process whose ancestry reaches `pid` (kernels run in sessions of their own)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def test_sigterm_stops_the_workers_and_their_kernels(tmp_path: Path) -> None:
+    """SIGTERM to `kvrepro reproduce` while two notebooks run side by side: it exits, no
+    worker or kernel is left, and the notebook that finished before is kept in
+    timings.csv."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_first.ipynb", "pass", alone="runs before the others")
+    _notebook(nbs / "02_slow.ipynb", "time.sleep(120)")
+    _notebook(nbs / "03_slow.ipynb", "time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-m", "kvrepro.cli", "reproduce", "--notebooks",
+                             str(nbs), "--figures", str(tmp_path / "f"), "--runs",
+                             str(tmp_path / "r"), "--jobs", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # both slow notebooks' kernels have started
+            kernels = [p for p in _children(proc.pid)
+                       if b"ipykernel" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if len(kernels) >= 2:
+                break
+            time.sleep(0.5)
+        assert len(kernels) >= 2, "the two notebooks did not start side by side"
+        started = _children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(3)  # kernels see their worker gone within a second (ipykernel's parent poller)
+    left = {p for p in started if Path(f"/proc/{p}").exists()}
+    assert not left, f"left running: {left}"
+    [run_dir] = list((tmp_path / "r").iterdir())
+    timings = pd.read_csv(run_dir / "timings.csv")
+    assert timings.notebook.tolist() == ["01_first.ipynb"]

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import ValidationError
 
+from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import (
     ClientConfig,
     ClientStats,
@@ -57,7 +58,7 @@ from kvrepro.engines.live.processes import (
     port_in_use,
     wait_gone,
 )
-from kvrepro.engines.live.runner import LiveOptions, _watch, stop_on_signals
+from kvrepro.engines.live.runner import LiveOptions, _watch
 from kvrepro.engines.live.server import VllmServer, with_free_ports
 from kvrepro.engines.live.tiers import (
     TierConfig,

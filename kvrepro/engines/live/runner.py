@@ -13,14 +13,11 @@ same workload, one run folder per tier.
 from __future__ import annotations
 
 import asyncio
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import ClientConfig, ClientStats, RealClock, run_workload
 from kvrepro.engines.live.metrics import sample_metrics
 from kvrepro.engines.live.server import ServerError, VllmServer
@@ -106,29 +103,6 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
         writer.meta["cleaned_up"] = deployed.cleaned
         writer.meta["client"] = stats.as_dict()
     return stats
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[list[int]]:
-    """SIGINT and SIGTERM raise KeyboardInterrupt where the run is, so that every `with`
-    block on the way out tears down what it started (servers, LMCache, disk folders,
-    shared memory); without it SIGTERM kills the runner and orphans the servers, and
-    asyncio would turn SIGINT into a quiet end of one tier. Yields the signals seen."""
-    seen: list[int] = []
-
-    def _raise(signum: int, _frame: Any) -> None:
-        seen.append(signum)
-        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-    previous = {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield seen
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Path,
