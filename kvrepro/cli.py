@@ -29,6 +29,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro reproduce: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        print(f"kvrepro reproduce: stopped ({err or 'interrupted'}); the notebooks that "
+              f"finished are in {args.runs}/<newest>/, their times in timings.csv",
+              file=sys.stderr)
+        return 130
     print(f"\nExecuted notebooks: {result.run_dir}/")
     print(f"Figures: {args.figures}/")
     print("\nHeadline numbers, reproduced vs the studies' values "

@@ -164,17 +164,16 @@ def _run_guarded(task: tuple[Path, Path, Path, dict[str, Any]]
 
 def _run_side_by_side(notebooks: list[Path], result: ReproduceResult, figures_dir: Path,
                       overrides: dict[str, Any], jobs: int, bar: Any) -> None:
-    """The notebooks, `jobs` at a time in worker processes. SIGINT or SIGTERM terminates
-    the workers (their kernels, in sessions of their own, exit with them: ipykernel
-    watches its parent), and what finished is kept."""
+    """The notebooks, `jobs` at a time in worker processes. An interruption (SIGINT, or
+    SIGTERM under `stop_on_signals`) terminates the workers (their kernels, in sessions of
+    their own, exit with them: ipykernel watches its parent); what finished is kept."""
     tasks = [(nb, result.run_dir, figures_dir, _overrides_for(nb, overrides))
              for nb in notebooks]
     pool = multiprocessing.get_context("spawn").Pool(jobs)
     try:
-        with stop_on_signals():
-            for nb, failure, wall_s in pool.imap_unordered(_run_guarded, tasks):
-                _note(result, nb, failure, wall_s)
-                bar.update()
+        for nb, failure, wall_s in pool.imap_unordered(_run_guarded, tasks):
+            _note(result, nb, failure, wall_s)
+            bar.update()
         pool.close()
     finally:
         pool.terminate()  # at once if interrupted; after close(), the idle workers
@@ -220,7 +219,8 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
     result = ReproduceResult(run_dir=Path(runs_dir) / stamp)
     result.run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        _run_all(notebooks, result, Path(figures_dir), overrides, jobs)
+        with stop_on_signals():  # SIGTERM too unwinds: workers and kernels are stopped
+            _run_all(notebooks, result, Path(figures_dir), overrides, jobs)
     finally:  # interrupted too: what ran is kept, with its times
         pd.DataFrame(result.timings, columns=["notebook", "wall_s", "status"]).to_csv(
             result.run_dir / TIMINGS_CSV, index=False)
