@@ -2,7 +2,7 @@
 checkout of kvrepro (`--base PATH`, e.g. a `git worktree` of the previous commit).
 
 Usage: .venv/bin/python benchmarks/bench_sim.py [--base PATH] [--repeat 3]
-                                                [--cases campaign azure dram]
+                                                [--cases campaign azure dram fleet]
                                                 [--profile CASE] [--tracemalloc]
 
 Cases (each timed from a fresh process, the workload built before the clock starts):
@@ -18,6 +18,9 @@ Cases (each timed from a fresh process, the workload built before the clock star
   time, on study A's server, GPU only (tier baseline), until every request has finished.
   Goal: >= 10,000 simulated requests/s.
 * `dram`: study A's campaign workload on the dram tier alone (`kvrepro.engines.sim.simulate`).
+* `fleet`: study A's server x 8 (`data/fleets/study_a_8x.yaml`: round robin, shared pool)
+  for 30 minutes at 8 x 2.5 sessions/min (`kvrepro.engines.sim.fleet.simulate_fleet`), one
+  point of notebook 13's sweep.
 
 Each case runs `--repeat` times per checkout, alternating checkouts, in a new process whose
 PYTHONPATH is the checkout's root (this repository's, or `--base`'s); the table gives the
@@ -48,7 +51,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 AZURE_CONV = ROOT.parent / "shared" / "data" / "azure" / "AzureLLMInferenceTrace_conv.csv"
-CASES = ("campaign", "azure", "dram")
+CASES = ("campaign", "azure", "dram", "fleet")
 STUDY_A_TIERS = ["baseline", "dram", "flash"]
 STUDY_A_WARMUP_S = 180.0
 
@@ -107,6 +110,17 @@ def _case(name: str) -> tuple[Callable[[], int], str]:
         return (lambda: len(simulate(workload, profile, "dram", warmup_s=STUDY_A_WARMUP_S,
                                      progress=False).records),
                 "study A workload, dram tier")
+    if name == "fleet":
+        from kvrepro.engines.sim.fleet import simulate_fleet
+        from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
+        from kvrepro.workload import AgenticSpec, generate_agentic
+
+        fleet = ROOT / "data" / "fleets" / "study_a_8x.yaml"
+        workload = generate_agentic(AgenticSpec(seed=0, duration_s=1800.0, warmup_s=180.0,
+                                                pause=STUDY_A_PAUSE,
+                                                session_rate_per_min=8 * 2.5))
+        return (lambda: len(simulate_fleet(workload, fleet, progress=False).records),
+                f"study A x 8 fleet, {len(workload.sessions)} sessions, 30 min")
     raise ValueError(f"unknown case {name!r} (parameter '--cases'); known: {CASES}")
 
 
