@@ -355,6 +355,7 @@ class StagingBuffer:
         if got:
             self.held += got
             heapq.heappush(self.releases, (until_s, got))
+            self.store.version += 1  # less room: a lookup's answer may change
         if got < n_chunks:
             self.store.refuse(n_chunks - got, now_s)
         return got
