@@ -28,7 +28,6 @@ from kvrepro._paths import data_file
 from kvrepro.engines.sim import load_profile, simulate
 from kvrepro.engines.sim.campaign import campaign, simulate_campaign
 from kvrepro.engines.sim.config import OffloadTier, ServerProfile
-from kvrepro.engines.sim.decode_run import DecodeRun
 from kvrepro.engines.sim.events import EventQueue, LoadDone, Sample, StepEnd, TurnArrival
 from kvrepro.engines.sim.fleet import simulate_fleet
 from kvrepro.engines.sim.offload import ChunkStore
@@ -86,7 +85,8 @@ class _Counted:
     """Wraps `Scheduler.decode_run`, counting the runs that ended steps; with
     `enabled=False` it starts none (the step-by-step loop)."""
 
-    original = Scheduler.decode_run  # taken at import, before any test replaces it
+    # taken at import, before any test replaces it (None on checkouts before the runs)
+    original = getattr(Scheduler, "decode_run", None)
 
     def __init__(self, enabled: bool):
         self.enabled, self.runs = enabled, []
@@ -172,10 +172,12 @@ def test_fleet_runs_go_on_past_the_other_servers_steps(decode_runs: Any,
     suspended there and resumed at its own step's end (not settled, which would write its
     requests back and plan the next step step by step), and the records are the same
     (`test_decode_runs_change_nothing[fleets]`)."""
+    from kvrepro.engines.sim.decode_run import DecodeRun  # not at the top: see the module doc
+
     resumed = []
     original = DecodeRun.advance
 
-    def advance(run: DecodeRun, limit_s: float, inclusive: bool, resume: bool = False) -> Any:
+    def advance(run: Any, limit_s: float, inclusive: bool, resume: bool = False) -> Any:
         resumed.append(resume)
         return original(run, limit_s, inclusive, resume)
     monkeypatch.setattr(DecodeRun, "advance", advance)
