@@ -135,6 +135,11 @@ def test_stop_of_a_process_that_outlives_sigkill_returns_and_closes_its_log(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[tuple[int, int]] = []  # signals are recorded, not sent: the process lives on
     monkeypatch.setattr(processes, "_signal_group", lambda pgid, sig: sent.append((pgid, sig)))
+    # the process never goes, so stop's final wait_gone always runs to its timeout: 0.2 s
+    # here instead of the default 5 s (the same code path, the same outcome)
+    real_wait_gone = processes.wait_gone
+    monkeypatch.setattr(processes, "wait_gone",
+                        lambda pids, timeout_s=0.2: real_wait_gone(pids, timeout_s))
     proc = ManagedProcess("stuck", SLEEPER, tmp_path / "stuck.log", dict(os.environ),
                           "http://127.0.0.1:9/health")
     proc.start()

@@ -107,7 +107,7 @@ def test_disk_tier_capacity_holds_within_lmcaches_soft_margin(flash) -> None:
         used = sum(p.stat().st_size for p in Path(flash.tier.disk_dir).rglob("*") if p.is_file())
         if used <= 1.0 * limit:
             break
-        time.sleep(1)
+        time.sleep(0.25)
     assert used <= 1.8 * limit  # LMCACHE_CPU.md: overshoots to ~1.7x in bursts, then settles
     assert _metrics(flash.lmcache_url)["lmcache_l2_bytes_used"] <= 1.8 * limit
 
@@ -121,6 +121,11 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _lines(path: Path) -> int:
+    """Complete lines in a run's jsonl file so far (0 before it exists)."""
+    return path.read_text().count("\n") if path.is_file() else 0
+
+
 def _our_shm(pids: set[int]) -> list[str]:
     return [p.name for p in SHM_DIR.iterdir() if p.name.startswith(SHM_PREFIXES)
             and any(str(pid) in p.name for pid in pids)]
@@ -131,28 +136,45 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     from kvrepro.engines.live.runner import LiveOptions, run_tier
     from kvrepro.engines.live.server import ServerError, VllmServer
     from kvrepro.records import read_run
-    from tests.live.test_live_e2e import scaled_workload
+    from tests.live.test_live_e2e import CAMPAIGN_WORKLOAD, scaled_workload
 
     tier = _tier("flash", 8443, tmp_path)
     killed: dict[str, object] = {}
     original_wait = VllmServer.wait_healthy
 
-    def wait_then_kill(self, timeout_s=None):  # kill LMCache 20 s into the run
+    def wait_then_kill(self, timeout_s=None):
+        """Kill LMCache mid-run: as soon as a request has finished (a record on disk) and
+        LMCache has written a file into the flash folder (at most 60 s into the run)."""
         took = original_wait(self, timeout_s)
         import threading
 
         proc = self.lmcache.process
         killed["pids"] = group_pids(proc.pid) | group_pids(self.vllm.process.pid)
-        threading.Timer(20.0, lambda: proc.send_signal(signal.SIGKILL)).start()
+        records, disk = self.run_dir / "records.jsonl", Path(self.tier.disk_dir)
+
+        def kill_when_busy() -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                    _lines(records) >= 1 and any(p.is_file() for p in disk.rglob("*"))):
+                time.sleep(0.1)
+            killed["records_before"] = _lines(records)
+            killed["files_before"] = sum(p.is_file() for p in disk.rglob("*"))
+            proc.send_signal(signal.SIGKILL)
+
+        threading.Thread(target=kill_when_busy, daemon=True).start()
         return took
 
     VllmServer.wait_healthy = wait_then_kill
     try:
         with pytest.raises(ServerError, match="LMCache server for tier 'flash' exited mid-run"):
-            run_tier(tier, scaled_workload(300), tmp_path / "run", LiveOptions(duration_s=300))
+            # the campaign's sessions: the first arrives at once, not after 8 s
+            run_tier(tier, scaled_workload(300, **CAMPAIGN_WORKLOAD), tmp_path / "run",
+                     LiveOptions(duration_s=300))
     finally:
         VllmServer.wait_healthy = original_wait
     pids = killed["pids"]
+    # killed mid-run: after a request finished, with LMCache's files in the flash folder
+    assert killed["records_before"] >= 1 and killed["files_before"] >= 1, killed
     assert pids and not [p for p in pids if _alive(p)]
     assert not _our_shm(pids)
     assert not list(Path(tier.disk_dir).rglob("*"))  # the run's files are gone
@@ -183,14 +205,16 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
            "-p", f"live.port={port}", "-p", f"tiers.flash.stores.1.path={l2}",
            "-w", "duration_s=300", "-w", "session_rate_per_min=20", "--out", str(out)]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    samples, pids = out / "flash" / "samples.jsonl", set()
+    records, pids = out / "flash" / "records.jsonl", set()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and runner.poll() is None:
         pids |= _descendants(runner.pid)
-        if samples.is_file() and samples.read_text().count("\n") >= 5:
+        # mid-tier: a request has finished and LMCache has written into the flash folder
+        if _lines(records) >= 1 and any(p.is_file() for p in l2.rglob("*")):
             break
-        time.sleep(1)
+        time.sleep(0.2)
     assert runner.poll() is None, runner.stdout.read().decode()[-2000:]
+    assert _lines(records) >= 1 and any(p.is_file() for p in l2.rglob("*")), "not mid-tier"
     pids |= _descendants(runner.pid)
     runner.send_signal(sig)
     runner.wait(timeout=90)
