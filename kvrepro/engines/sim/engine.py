@@ -4,7 +4,8 @@ Events (`events`): turn arrivals, step ends, asynchronous load completions and s
 engine runs one step at a time: when a step ends, it applies it, issues the next turns of
 sessions whose request finished (closed loop: finish + pause, or the turn's not_before_s,
 whichever is later, as the live client does), and plans the next step right away; with
-nothing to run it idles until an arrival or a load completion.
+nothing to run it idles until an arrival or a load completion. Steps that only decode run
+in batches (`kvrepro.engines.sim.decode_run`): the same results, fewer events.
 
 Ending a run: no turn is sent at or after `duration_s`; requests already sent run to the end
 unless `hard_end_s` stops the clock first. Every request that arrived is then either in the
@@ -203,9 +204,8 @@ class Engine:
             run.settle()
 
     def _settle_all(self) -> None:
-        for instance, run in enumerate(self.runs):
-            if run is not None:
-                self._settle(instance)
+        for instance in range(len(self.runs)):
+            self._settle(instance)
 
     # ------------------------------------------------------------------ handlers
 
