@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from numbers import Real
 from typing import Any
 
+import yaml
+
 
 def positive(**values: float) -> None:
     """Raise ValueError naming the first parameter that is not a finite number > 0."""
@@ -75,19 +77,45 @@ def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
         raise ValueError(f"{source}: invalid {what}: {problems}") from err
 
 
+class NoAliasLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader that refuses aliases (`*name`), with the line of the first.
+
+    Why: each alias repeats its anchor's whole node, so a chain of them ("billion laughs")
+    makes a 466-byte file expand to 10 million values in memory. No config the package
+    reads needs them; anchors alone (`&name`) repeat nothing and are read as before.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        """Refuse an alias where safe_load would insert the anchored node again."""
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"found alias *{event.anchor}: YAML aliases are refused (a few "
+                "hundred bytes of them can expand to millions of values); write the value "
+                "out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """`yaml.safe_load(text)` without aliases (`NoAliasLoader`); malformed YAML or an alias
+    is a ValueError naming `source` (a file name) and the line."""
+    loader = NoAliasLoader(text)
+    loader.name = source  # what each error mark names instead of "<unicode string>"
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ValueError(f"{source}: malformed YAML: {err}") from err
+    finally:
+        loader.dispose()
+
+
 def load_yaml_model(path: Any, model: Any, what: str) -> Any:
     """Read YAML file `path` into pydantic `model`; every error names the file, and each bad
     key its dotted path (`validate_model`). Why one function: every config the package
     reads (server specs, fleets, sweep grids) must fail the same clear way."""
     from pathlib import Path
 
-    import yaml
-
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f"{what} not found: {src}")
-    try:
-        raw = yaml.safe_load(src.read_text())
-    except yaml.YAMLError as err:
-        raise ValueError(f"{src}: malformed YAML: {err}") from err
-    return validate_model(raw, model, what, str(src))
+    return validate_model(load_yaml(src.read_text(), str(src)), model, what, str(src))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -20,3 +21,31 @@ def data_file(*parts: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"shipped data file missing: {path}")
     return path
+
+
+class RefusedFolder(FileExistsError):
+    """A folder a run or sweep will not write into (it holds another run, another writer
+    holds its lock, or it is not this user's); the CLI prints it as one line."""
+
+
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""What a name that becomes a file or folder name (a tier, a fleet, a sweep point) must be."""
+
+
+def safe_name(name: str, what: str) -> str:
+    """`name` itself, if it can be a single path component; else ValueError naming `what`.
+    Why: a tier called `../../x` would otherwise write its run outside the output folder."""
+    if not isinstance(name, str) or not SAFE_NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"{what} {name!r} cannot name a folder: use letters, digits, '_', "
+                         "'.' and '-', starting with a letter or digit")
+    return name
+
+
+def child_path(parent: str | Path, name: str, what: str) -> Path:
+    """`parent / name` for a checked `name`, proven to resolve inside `parent` (a symlink
+    named like the child that points elsewhere is refused too)."""
+    parent = Path(parent)
+    child = parent / safe_name(name, what)
+    if not child.resolve().is_relative_to(parent.resolve()):
+        raise ValueError(f"{what} {name!r}: {child} resolves outside {parent}")
+    return child

@@ -23,7 +23,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvrepro._checks import load_yaml_model
-from kvrepro.tier_spec import ServerSpec, load_server
+from kvrepro._paths import safe_name
+from kvrepro.tier_spec import ServerSpec, TierName, load_server
 
 Routing = Literal["round_robin", "session_affinity", "prefix_aware"]
 ROUTINGS: tuple[str, ...] = ("round_robin", "session_affinity", "prefix_aware")
@@ -81,7 +82,8 @@ class FleetSpec(_Strict):
     description: str = ""
     server: str = Field(description="server spec: a path, or a shipped name (cpu_tiny, "
                                     "study_a, study_b)")
-    tier: str = Field(min_length=1, description="the tier every instance serves")
+    tier: TierName = Field(description="the tier every instance serves (it names the run "
+                                       "folder, `run_name`)")
     n_servers: int = Field(2, gt=0, description="vLLM instances")
     routing: Routing = "session_affinity"
     kv_pool: Literal["private", "shared"] = Field(
@@ -120,4 +122,4 @@ def shipped_fleet(name: str) -> FleetSpec:
     """A fleet spec shipped in `data/fleets/` (e.g. `cpu_tiny_2x`, `study_a_8x`)."""
     from kvrepro._paths import data_file
 
-    return load_fleet(data_file("fleets", f"{name}.yaml"))
+    return load_fleet(data_file("fleets", f"{safe_name(name, 'shipped fleet')}.yaml"))

@@ -42,6 +42,7 @@ from pydantic import (
 )
 
 from kvrepro._checks import load_yaml_model, validate_model
+from kvrepro._paths import safe_name
 from kvrepro.calc.endurance import normalize_raid_level, raid_write_factor
 from kvrepro.calc.models import ModelSpec, get_model
 
@@ -52,6 +53,16 @@ CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "stagi
 
 _RAID_DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
                      "RAID5": lambda n: n - 1, "RAID6": lambda n: n - 2}
+
+
+def _tier_name(name: str) -> str:
+    """`name` if it can name the tier's run folder (pydantic's check of `TierName`)."""
+    return safe_name(name, "tier name")
+
+
+TierName = Annotated[str, AfterValidator(_tier_name)]
+"""A tier's name, which names its run folder: one path component (`kvrepro._paths.safe_name`);
+a spec with another fails at load, naming the key."""
 
 
 class _Strict(BaseModel):
@@ -186,7 +197,8 @@ class StoreSpec(StoreModel, DriveArray):
     """One offload store of a server spec: the store model, its kind and place, its drives."""
 
     kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
-    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files to")
+    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files "
+                             "to (default: `lmcache-l2` in the run folder, the run's own)")
     io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
                                                      "cache or O_DIRECT")
     io_workers: int = Field(4, gt=0, description="flash, multi-process LMCache: I/O worker "
@@ -289,7 +301,8 @@ class ServerSpec(_Strict):
     engine: EngineSpec
     twin: TwinSpec
     live: LiveSpec
-    tiers: dict[str, TierSpec] = Field(min_length=1)
+    tiers: dict[TierName, TierSpec] = Field(min_length=1, description="each key names the "
+                                            "tier's run folder")
 
     @model_validator(mode="after")
     def _names(self) -> ServerSpec:
@@ -339,7 +352,7 @@ def shipped_server(name: str) -> ServerSpec:
     """A server spec shipped in `data/servers/` (`study_a`, `study_b`, `cpu_tiny`)."""
     from kvrepro._paths import data_file
 
-    return load_server(data_file("servers", f"{name}.yaml"))
+    return load_server(data_file("servers", f"{safe_name(name, 'shipped server')}.yaml"))
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

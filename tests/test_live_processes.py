@@ -6,18 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from kvrepro.engines.live import processes
+from kvrepro.engines.live.ownership import DiskFolder, SharedMemory
 from kvrepro.engines.live.processes import (
-    SHM_DIR,
-    DiskFolder,
     ManagedProcess,
     ServerError,
-    SharedMemory,
     free_port,
     group_pids,
     port_in_use,
@@ -53,28 +50,6 @@ def test_disk_folder_removes_the_folders_it_made_and_keeps_files_when_asked(tmp_
     kept.prepare()
     (kept.path / "c.data").write_text("1")
     assert kept.cleanup() == 0 and (kept.path / "c.data").exists()
-
-
-@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="no /dev/shm")
-def test_shared_memory_leftovers_are_the_runs_own_only() -> None:
-    tag = uuid.uuid4().hex[:8]
-    old = SHM_DIR / f"psm_old{tag}"
-    old.write_bytes(b"0")
-    try:
-        shm = SharedMemory()
-        new, mine = SHM_DIR / f"psm_new{tag}", SHM_DIR / f"lmcache_kv_{os.getpid()}_{tag}"
-        other = SHM_DIR / "lmcache_kv_1_" f"{tag}"  # pid 1 is not one of the run's
-        held = SHM_DIR / f"psm_held{tag}"
-        for path in (new, mine, other, held):
-            path.write_bytes(b"0")
-        with held.open("rb"):  # an open segment is some live process's: left alone
-            removed = shm.cleanup({os.getpid()})
-        assert sorted(removed) == sorted([new.name, mine.name])
-        assert old.exists() and other.exists() and held.exists()
-        assert not new.exists() and not mine.exists()
-    finally:
-        for path in SHM_DIR.glob(f"*{tag}"):
-            path.unlink()
 
 
 def test_managed_process_reports_its_death_with_its_log(tmp_path: Path) -> None:
@@ -178,7 +153,7 @@ def test_server_exit_passes_on_the_runs_error_when_vllm_will_not_exit(
 
 def test_server_exit_keeps_a_failed_clean_up_step_instead_of_raising_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: SharedMemory, pids: set[int]) -> list[str]:
+    def refuse(self: SharedMemory) -> list[str]:
         raise PermissionError("[Errno 13] Permission denied: '/dev/shm/psm_x'")
 
     monkeypatch.setattr(SharedMemory, "cleanup", refuse)

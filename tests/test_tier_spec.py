@@ -17,7 +17,7 @@ import yaml
 
 from kvrepro.calc import economics
 from kvrepro.engines.live.server import with_free_ports
-from kvrepro.engines.live.tiers import live_tiers, lmcache_config, server_command
+from kvrepro.engines.live.tiers import RUN_DISK_DIR, live_tiers, lmcache_config, server_command
 from kvrepro.engines.sim import load_profile, sim_profile, simulate
 from kvrepro.tier_spec import load_server, override_server, shipped_server, with_lmcache_flag
 from kvrepro.workload import AgenticSpec, generate_agentic
@@ -95,7 +95,7 @@ def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
     assert len(adapters) == len(flash)
     for adapter, store in zip(adapters, flash, strict=True):
         assert sim_bytes[store.name] == pytest.approx(adapter["max_capacity_gb"] * GIB)
-        assert adapter["base_path"] == store.path
+        assert adapter["base_path"] == (store.path or RUN_DISK_DIR)
         assert adapter["use_odirect"] is (store.io_mode == "o_direct")
     # the multi-process connector answers lookups later and always loads asynchronously
     # (lmcache_mp_connector.get_num_new_matched_tokens); decode KV is not saved by default

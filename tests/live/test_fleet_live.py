@@ -24,10 +24,10 @@ from kvrepro.engines.live.fleet_deploy import (
     FleetDeployment,
     router_command,
 )
+from kvrepro.engines.live.ownership import SHM_DIR
 from kvrepro.engines.live.probe import metrics, random_prompts
 from kvrepro.engines.live.processes import (
     ManagedProcess,
-    SharedMemory,
     free_port,
     group_pids,
     pid_alive,
@@ -114,7 +114,7 @@ def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
     fleet = shipped_fleet("cpu_tiny_2x").model_copy(update={
         "routing": "round_robin", "kv_pool": "shared", "tier": "dram",
         "router_port": free_port(), "base_port": _free_pair()})
-    shm_before = SharedMemory().before
+    shm_before = set(os.listdir(SHM_DIR))
     deployment = FleetDeployment(fleet, tmp_path / "fleet", pin_cpus=True)
     pids: set[int] = set()
     with pytest.raises(RuntimeError, match="leave by an exception"):
@@ -129,4 +129,4 @@ def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
     assert len(pids) >= 5  # router, 2 x (API server + engine core), LMCache server
     assert not [p for p in pids if pid_alive(p)]
     assert not [p for p in ports if port_in_use("127.0.0.1", p)]
-    assert not SharedMemory().before - shm_before
+    assert not set(os.listdir(SHM_DIR)) - shm_before

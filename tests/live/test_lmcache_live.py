@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from kvrepro.engines.live.ownership import SHM_DIR
 from kvrepro.engines.live.probe import evicted_hit_probe, metrics, random_prompts, send
-from kvrepro.engines.live.processes import SHM_DIR, SHM_PREFIXES, group_pids
+from kvrepro.engines.live.processes import group_pids
 from kvrepro.tier_spec import override_server, shipped_server
 from tests.live.conftest import require_vllm
 
@@ -126,13 +127,19 @@ def _lines(path: Path) -> int:
     return path.read_text().count("\n") if path.is_file() else 0
 
 
-def _our_shm(pids: set[int]) -> list[str]:
-    return [p.name for p in SHM_DIR.iterdir() if p.name.startswith(SHM_PREFIXES)
-            and any(str(pid) in p.name for pid in pids)]
+def _shm_now() -> set[str]:
+    """Every segment under /dev/shm now (a live test runs alone: what is new is the run's)."""
+    return {p.name for p in SHM_DIR.iterdir()}
+
+
+def _chunks(folder: Path) -> list[Path]:
+    """LMCache's chunk files in a flash folder (not the run's lock file)."""
+    return [p for p in folder.rglob("*.data") if p.is_file()]
 
 
 def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) -> None:
     require_vllm()
+    shm_before = _shm_now()
     from kvrepro.engines.live.runner import LiveOptions, run_tier
     from kvrepro.engines.live.server import ServerError, VllmServer
     from kvrepro.records import read_run
@@ -155,10 +162,10 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
         def kill_when_busy() -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and not (
-                    _lines(records) >= 1 and any(p.is_file() for p in disk.rglob("*"))):
+                    _lines(records) >= 1 and _chunks(disk)):
                 time.sleep(0.1)
             killed["records_before"] = _lines(records)
-            killed["files_before"] = sum(p.is_file() for p in disk.rglob("*"))
+            killed["files_before"] = len(_chunks(disk))
             proc.send_signal(signal.SIGKILL)
 
         threading.Thread(target=kill_when_busy, daemon=True).start()
@@ -176,7 +183,7 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     # killed mid-run: after a request finished, with LMCache's files in the flash folder
     assert killed["records_before"] >= 1 and killed["files_before"] >= 1, killed
     assert pids and not [p for p in pids if _alive(p)]
-    assert not _our_shm(pids)
+    assert not _shm_now() - shm_before
     assert not list(Path(tier.disk_dir).rglob("*"))  # the run's files are gone
     run = read_run(tmp_path / "run")
     assert run.meta["status"].startswith("failed: ServerError")
@@ -199,6 +206,7 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
     import sys
 
     out, l2 = tmp_path / "campaign", tmp_path / "l2"
+    shm_before = _shm_now()
     port = 8445 if sig == signal.SIGTERM else 8446
     cmd = [sys.executable, "-m", "kvrepro.cli", "run", "live", "--server",
            "data/servers/cpu_tiny.yaml", "--tier", "flash", "--tier", "dram",
@@ -210,17 +218,17 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
     while time.monotonic() < deadline and runner.poll() is None:
         pids |= _descendants(runner.pid)
         # mid-tier: a request has finished and LMCache has written into the flash folder
-        if _lines(records) >= 1 and any(p.is_file() for p in l2.rglob("*")):
+        if _lines(records) >= 1 and _chunks(l2):
             break
         time.sleep(0.2)
     assert runner.poll() is None, runner.stdout.read().decode()[-2000:]
-    assert _lines(records) >= 1 and any(p.is_file() for p in l2.rglob("*")), "not mid-tier"
+    assert _lines(records) >= 1 and _chunks(l2), "not mid-tier"
     pids |= _descendants(runner.pid)
     runner.send_signal(sig)
     runner.wait(timeout=90)
     assert runner.returncode != 0
     assert pids and not [p for p in pids if _alive(p)]
-    assert not _our_shm(pids)
+    assert not _shm_now() - shm_before
     assert not [p for p in l2.rglob("*") if p.is_file()]
     assert not (out / "dram").exists()  # the campaign stopped with the interrupted tier
     assert len(read_run_records(out / "flash")) > 0

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import ValidationError
 
+from kvrepro._paths import child_path
 from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import (
     ClientConfig,
@@ -48,11 +49,10 @@ from kvrepro.engines.live.client import (
     run_workload,
 )
 from kvrepro.engines.live.metrics import sample_metrics
+from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
 from kvrepro.engines.live.processes import (
-    DiskFolder,
     ManagedProcess,
     ServerError,
-    SharedMemory,
     StartedOnEnter,
     free_port,
     port_in_use,
@@ -65,6 +65,7 @@ from kvrepro.engines.live.tiers import (
     format_command,
     live_tier,
     lmcache_server_command,
+    with_run_disk,
 )
 from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, FleetSpec
 from kvrepro.records import RunWriter
@@ -150,13 +151,14 @@ class LMCachePool:
     every instance connects to; its disk folder and shared memory are cleaned up on stop."""
 
     def __init__(self, tier: TierConfig, run_dir: str | Path, python: str):
-        self.tier = with_free_ports(tier)
         self.run_dir, self.python = Path(run_dir), python
+        self.tier = with_run_disk(with_free_ports(tier), self.run_dir)
         self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
-                                self.tier.allow_existing_disk_files)
+                                self.tier.allow_existing_disk_files, run_dir=self.run_dir)
                      if self.tier.disk_dir else None)
         self.process: ManagedProcess | None = None
         self.shm: SharedMemory | None = None
+        self.watcher: Watcher | None = None
         self.cleaned: dict[str, Any] = {}
 
     @property
@@ -164,6 +166,14 @@ class LMCachePool:
         """http://host:port of the LMCache server's HTTP API (health, /metrics)."""
         mp = self.tier.lmcache_mp
         return f"http://{mp.host}:{mp.http_port}"
+
+    def _sample(self) -> None:
+        """What the server holds now: the proof of ownership its clean-up needs."""
+        pids = self.process.track() if self.process is not None else set()
+        if self.shm is not None:
+            self.shm.sample(pids)
+        if self.disk is not None:
+            self.disk.sample()
 
     def start(self) -> None:
         """Start the LMCache server and wait until its health check answers."""
@@ -178,6 +188,8 @@ class LMCachePool:
         self.process = ManagedProcess("shared LMCache server", command,
                                       self.run_dir / "lmcache_server.log", env,
                                       f"{self.url}/healthcheck")
+        self.watcher = Watcher(self._sample)
+        self.watcher.start()
         self.process.start()
         self.process.wait_healthy(self.tier.lmcache_mp.startup_timeout_s)
 
@@ -188,20 +200,26 @@ class LMCachePool:
 
     def stop(self, grace_s: float = 20.0) -> None:
         """Stop the server, then remove its shared memory and the files it wrote; never
-        raises (a failed step is kept in `cleaned["errors"]`)."""
+        raises (a failed or skipped step is kept in `cleaned["errors"]`)."""
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            watcher.stop()  # a last sample while the server still runs
         proc, self.process = self.process, None
         try:
             if proc is not None:
                 proc.stop(grace_s)
         finally:
-            pids = proc.pids if proc is not None else set()
-            wait_gone(pids)
-            for key, step in (("shm_segments", lambda: self.shm and self.shm.cleanup(pids)),
-                              ("disk_files", lambda: self.disk and self.disk.cleanup())):
+            if proc is not None:
+                wait_gone(proc.still_running())
+            for key, owner in (("shm_segments", self.shm), ("disk_files", self.disk)):
+                if owner is None:
+                    continue
                 try:
-                    self.cleaned[key] = step()
+                    self.cleaned[key] = owner.cleanup()
                 except OSError as err:
-                    self.cleaned.setdefault("errors", []).append(f"{key}: {err}")
+                    owner.problems.append(str(err))
+                self.cleaned.setdefault("errors", []).extend(
+                    f"{key}: {problem}" for problem in owner.problems)
 
 
 def router_command(worker_urls: list[str], policy: str, host: str, port: int,
@@ -511,13 +529,15 @@ def run_fleet_campaign(fleets: list[FleetSpec], workload: Workload, out_dir: str
                        ) -> dict[str, ClientStats | Exception]:
     """Run each fleet in turn (fresh processes, empty caches), one folder each
     (`run_name`); a failed one is reported and the campaign goes on; SIGINT or SIGTERM
-    stops it after tearing the running fleet down."""
+    stops it after tearing the running fleet down. Every fleet's folder is checked to lie
+    inside `out_dir` before the first fleet starts (ValueError otherwise)."""
+    folders = {run_name(f): child_path(out_dir, run_name(f), "fleet run") for f in fleets}
     results: dict[str, ClientStats | Exception] = {}
     with stop_on_signals() as seen:
         for fleet in fleets:
             name = run_name(fleet)
             try:
-                results[name] = run_fleet(fleet, workload, Path(out_dir) / name, options)
+                results[name] = run_fleet(fleet, workload, folders[name], options)
             except (ServerError, OSError, ValueError) as err:
                 results[name] = err
             if seen:

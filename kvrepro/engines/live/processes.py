@@ -1,18 +1,14 @@
-"""What a live run owns on the machine, and how it gives all of it back.
+"""The processes of a live run: started in their own group, always stopped, all of them.
 
 A live tier is up to two process groups (vLLM, and for multi-process LMCache the `lmcache
-server`), a folder of chunk files (the flash tier's L2) and shared-memory segments under
-`/dev/shm` (vLLM's `psm_*` message queues and `sem.mp-*` semaphores; `lmcache_kv_<pid>_*`
-with LMCache's shared-memory transfer). A killed process leaves its segments behind
-(measured: `lmcache_kv_*` after SIGTERM, `psm_*` of 160-250 MB after a SIGKILLed vLLM), so
-the run removes them itself,
-but only what it created: segments that appeared during the run and that no live process
-still maps, and in the L2 folder only the files that were not there before.
+server`). What else a run leaves on the machine (shared memory, flash files) and how it is
+given back is in `kvrepro.engines.live.ownership`.
 
 * `ManagedProcess`: a command in its own process group with its log in the run folder, a
-  health URL, `check_alive` quoting the log's end, and `stop` that cannot raise;
-* `DiskFolder`: the L2 folder; refuses a folder that already holds files unless allowed;
-* `SharedMemory`: snapshot before, remove the run's leftovers after.
+  health URL, `check_alive` quoting the log's end, `track` recording every process of the
+  group and every descendant with its start time, and `stop` that cannot raise and also kills
+  recorded processes that left the group (a grandchild that called `setsid`);
+* `StartedOnEnter`: start on `with`, stop on every exit.
 """
 
 from __future__ import annotations
@@ -21,15 +17,14 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
-
-SHM_DIR = Path("/dev/shm")
-SHM_PREFIXES = ("psm_", "lmcache_kv_", "sem.mp-")
 
 
 class ServerError(RuntimeError):
@@ -68,17 +63,54 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class ProcInfo:
+    """One line of the process table: parent, process group, start time (clock ticks since
+    boot; with the pid, what tells a process from a later one that got the same pid)."""
+
+    ppid: int
+    pgrp: int
+    start_ticks: int
+
+
+def _proc_info(pid: int) -> ProcInfo | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command: state ppid pgrp session tty tpgid flags 4 x faults 4 x times
+    # priority nice threads itrealvalue starttime
+    return ProcInfo(int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def process_table() -> dict[int, ProcInfo]:
+    """Every process now, from /proc."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (info := _proc_info(int(entry.name))) is not None:
+            table[int(entry.name)] = info
+    return table
+
+
 def group_pids(pgid: int) -> set[int]:
     """Pids of the live processes in process group `pgid` (from /proc)."""
-    pids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp
-            pids.add(int(stat.parent.name))
-    return pids
+    return {pid for pid, info in process_table().items() if info.pgrp == pgid}
+
+
+def family(root: int, table: dict[int, ProcInfo]) -> set[int]:
+    """`root`, its process group and all their descendants in `table` (a descendant that
+    called `setsid` has left the group but not the family)."""
+    members = {pid for pid, info in table.items() if info.pgrp == root} | {root}
+    children: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        children.setdefault(info.ppid, []).append(pid)
+    todo = list(members)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in members:
+                members.add(child)
+                todo.append(child)
+    return {pid for pid in members if pid in table}
 
 
 def pid_alive(pid: int) -> bool:
@@ -116,8 +148,52 @@ class ManagedProcess:
         self.name, self.command, self.log_path = name, command, log_path
         self.env, self.health_url = env, health_url
         self.process: subprocess.Popen | None = None
-        self.pids: set[int] = set()
+        self.started: dict[int, int] = {}  # every pid seen in the family -> its start ticks
+        self._mutex = threading.Lock()
         self._log: IO[bytes] | None = None
+
+    @property
+    def pids(self) -> set[int]:
+        """Every process of this command's family seen so far (alive or not)."""
+        with self._mutex:
+            return set(self.started)
+
+    def track(self) -> set[int]:
+        """Record the processes of the group and their descendants now; the live ones.
+        Called while it runs (health polls, the run's `Watcher`), so that a descendant that
+        leaves the group is known when the group is killed."""
+        proc = self.process
+        return self._track(proc.pid) if proc is not None else set()
+
+    def _track(self, root: int) -> set[int]:
+        table = process_table()
+        alive = family(root, table)
+        with self._mutex:
+            for pid in alive:
+                self.started.setdefault(pid, table[pid].start_ticks)
+        return alive
+
+    def still_running(self) -> set[int]:
+        """The recorded processes that still run under their recorded start time (a pid
+        reused by another process has another start time)."""
+        with self._mutex:
+            started = dict(self.started)
+        return {pid for pid, ticks in started.items()
+                if (info := _proc_info(pid)) is not None and info.start_ticks == ticks
+                and pid_alive(pid)}
+
+    def _kill_strays(self, root: int) -> None:
+        """SIGKILL every recorded process still running outside group `root` (one that
+        left it with `setsid`; the group itself gets the group's signals), and wait until
+        they are gone."""
+        strays = {pid for pid in self.still_running()
+                  if (info := _proc_info(pid)) is not None and info.pgrp != root}
+        for pid in strays:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        wait_gone(strays)  # a SIGKILLed process takes a moment to exit under load
 
     def start(self) -> None:
         """Start the process (no waiting)."""
@@ -125,7 +201,7 @@ class ManagedProcess:
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
                                         start_new_session=True)
-        self.pids.add(self.process.pid)
+        self.track()
 
     def died(self, when: str) -> ServerError:
         """The error that says this process exited, with the end of its log."""
@@ -141,7 +217,7 @@ class ManagedProcess:
                 raise self.died("during start-up")
             if http_ok(self.health_url):
                 return time.monotonic() - start
-            self.pids |= group_pids(self.process.pid)
+            self.track()
             time.sleep(poll_s)
         raise ServerError(f"{self.name} not healthy after {timeout_s:g} s; last lines of "
                           f"{self.log_path}:\n{log_tail(self.log_path)}")
@@ -160,7 +236,7 @@ class ManagedProcess:
         proc, self.process = self.process, None
         try:
             if proc is not None:
-                self.pids |= group_pids(proc.pid)
+                self._track(proc.pid)
                 _signal_group(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=grace_s)
@@ -173,105 +249,12 @@ class ManagedProcess:
         finally:
             if proc is not None:
                 _signal_group(proc.pid, signal.SIGKILL)  # stray children of the group
-                wait_gone(self.pids)  # a SIGKILLed process takes a moment to exit under load
+                self._kill_strays(proc.pid)
+                wait_gone(self.still_running())
             if self._log is not None:
                 self._log.close()
                 self._log = None
         return proc.returncode if proc is not None else None
-
-
-class DiskFolder:
-    """The flash tier's folder: refuse foreign files, remove exactly the run's own."""
-
-    def __init__(self, path: str | Path, keep_files: bool = False,
-                 allow_existing: bool = False):
-        self.path = Path(str(path).removeprefix("file://"))
-        self.keep_files, self.allow_existing = keep_files, allow_existing
-        self.before: set[Path] = set()
-        self.created_dirs: list[Path] = []
-
-    def files(self) -> set[Path]:
-        """Every file below the folder now."""
-        return {p for p in self.path.rglob("*") if p.is_file()} if self.path.is_dir() else set()
-
-    def prepare(self) -> None:
-        """Create the folder; refuse one that already holds files unless allowed."""
-        self.before = self.files()
-        if self.before and not self.allow_existing:
-            raise ServerError(f"flash folder {self.path} already holds {len(self.before)} "
-                              "file(s) this run did not create; empty it, choose another "
-                              "path, or allow it (store allow_existing_files: true)")
-        missing = [p for p in [self.path, *self.path.parents] if not p.exists()]
-        self.path.mkdir(parents=True, exist_ok=True)
-        self.created_dirs = missing  # deepest first
-
-    def cleanup(self) -> int:
-        """Remove the files the run wrote (unless kept) and the folders it made; how many."""
-        if self.keep_files:
-            return 0
-        mine = self.files() - self.before
-        for path in mine:
-            path.unlink(missing_ok=True)
-        for folder in sorted({p.parent for p in mine}, key=lambda p: -len(p.parts)):
-            if folder != self.path and folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        for folder in self.created_dirs:
-            if folder.is_dir() and not any(folder.iterdir()):
-                folder.rmdir()
-        return len(mine)
-
-
-def _mapped_shm() -> set[str]:
-    """Names of /dev/shm segments some live process maps or holds open."""
-    names = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:
-            continue
-        names.update(line.rsplit("/dev/shm/", 1)[1].split(" ")[0]
-                     for line in text.splitlines() if "/dev/shm/" in line)
-    for fd in Path("/proc").glob("[0-9]*/fd/*"):
-        try:
-            target = os.readlink(fd)
-        except OSError:
-            continue
-        if target.startswith("/dev/shm/"):
-            names.add(target.removeprefix("/dev/shm/"))
-    return names
-
-
-class SharedMemory:
-    """Segments under /dev/shm that a run's processes leave behind."""
-
-    def __init__(self) -> None:
-        self.before = self._names()
-
-    @staticmethod
-    def _names() -> set[str]:
-        if not SHM_DIR.is_dir():
-            return set()
-        return {p.name for p in SHM_DIR.iterdir() if p.name.startswith(SHM_PREFIXES)}
-
-    def leftovers(self, pids: set[int]) -> list[str]:
-        """New segments no live process holds: `lmcache_kv_<pid>_*` of the run's own pids
-        and vLLM's `psm_*` that appeared since the snapshot."""
-        held = _mapped_shm()
-        out = []
-        for name in sorted(self._names() - self.before - held):
-            if name.startswith("lmcache_kv_"):
-                pid = name.removeprefix("lmcache_kv_").split("_", 1)[0]
-                if not (pid.isdigit() and int(pid) in pids):
-                    continue
-            out.append(name)
-        return out
-
-    def cleanup(self, pids: set[int]) -> list[str]:
-        """Remove the run's leftover segments; their names."""
-        removed = self.leftovers(pids)
-        for name in removed:
-            (SHM_DIR / name).unlink(missing_ok=True)
-        return removed
 
 
 class StartedOnEnter:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvrepro._paths import child_path
 from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import ClientConfig, ClientStats, RealClock, run_workload
 from kvrepro.engines.live.metrics import sample_metrics
@@ -111,14 +112,15 @@ def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Pat
 
     A tier that fails is reported and the campaign goes on; the result maps tier names to
     their stats or their error. SIGINT or SIGTERM stops the whole campaign (after tearing
-    the running tier down; what it recorded stays in its folder).
+    the running tier down; what it recorded stays in its folder). Every tier's folder is
+    checked to lie inside `out_dir` before the first tier starts (ValueError otherwise).
     """
+    folders = {tier.name: child_path(out_dir, tier.name, "tier") for tier in tiers}
     results: dict[str, ClientStats | Exception] = {}
     with stop_on_signals() as seen:
         for tier in tiers:
             try:
-                results[tier.name] = run_tier(tier, workload, Path(out_dir) / tier.name,
-                                              options)
+                results[tier.name] = run_tier(tier, workload, folders[tier.name], options)
             except (ServerError, OSError) as err:
                 results[tier.name] = err
             if seen:

@@ -5,8 +5,9 @@ tiers) the LMCache YAML into the run folder. For a multi-process LMCache tier it
 the `lmcache server` (its own process group, `lmcache_server.log`, free ports chosen, health
 from its HTTP API), then vLLM with `LMCacheMPConnector` pointing at it. vLLM runs in its own
 process group with its output in `server.log`. On exit (normal end, exception, Ctrl-C) both
-groups are terminated, the shared-memory segments they left are removed, and so are the
-files the run wrote into the flash folder (`kvrepro.engines.live.processes`). A process that
+groups are terminated (and any process of theirs that left its group), and the shared-memory
+segments and flash-folder files the run can prove it created are removed: a `Watcher` samples
+what its processes hold while they run (`kvrepro.engines.live.ownership`). A process that
 exits during start-up or mid-run raises `ServerError` naming it and quoting the end of its
 log, so the reason is on screen, not buried in a file.
 """
@@ -22,11 +23,10 @@ from typing import Any
 
 import yaml
 
+from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
 from kvrepro.engines.live.processes import (
-    DiskFolder,
     ManagedProcess,
     ServerError,
-    SharedMemory,
     StartedOnEnter,
     free_port,
     http_ok,
@@ -41,6 +41,7 @@ from kvrepro.engines.live.tiers import (
     lmcache_config,
     lmcache_server_command,
     server_command,
+    with_run_disk,
 )
 
 __all__ = ["ServerError", "VllmServer", "log_tail", "port_in_use"]
@@ -78,17 +79,18 @@ class VllmServer(StartedOnEnter):
         if external_lmcache and (tier.lmcache_mp is None or tier.lmcache_mp.port is None):
             raise ValueError(f"tier {tier.name!r}: an external LMCache server needs "
                              "lmcache_mp with its port set")
-        self.tier = with_free_ports(tier)
         self.run_dir = Path(run_dir)
+        self.tier = with_run_disk(with_free_ports(tier), self.run_dir)
         self.python = python or os.environ.get("KVREPRO_VLLM_PYTHON") or sys.executable
         self.health_poll_s = health_poll_s
         self.log_path = self.run_dir / "server.log"
         self.vllm: ManagedProcess | None = None
         self.lmcache: ManagedProcess | None = None
         self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
-                                self.tier.allow_existing_disk_files)
+                                self.tier.allow_existing_disk_files, run_dir=self.run_dir)
                      if self.tier.disk_dir and not external_lmcache else None)
         self.shm: SharedMemory | None = None
+        self.watcher: Watcher | None = None
         self.cleaned: dict[str, Any] = {}
 
     @property
@@ -144,11 +146,25 @@ class VllmServer(StartedOnEnter):
         self.shm = SharedMemory()
         if self.disk is not None:
             self.disk.prepare()
+        self.watcher = Watcher(self._sample)
+        self.watcher.start()
         if self.tier.lmcache_mp is not None and not self.external_lmcache:
             self._start_lmcache(env)
         self.vllm = ManagedProcess(f"vLLM server for tier {self.tier.name!r}", command,
                                    self.log_path, env, f"{self.base_url}/health")
         self.vllm.start()
+
+    def _processes(self) -> list[ManagedProcess]:
+        return [p for p in (self.vllm, self.lmcache) if p is not None]
+
+    def _sample(self) -> None:
+        """What the run's processes hold now (their families, segments, the flash folder's
+        new files): the proof of ownership the clean-up needs."""
+        pids = set().union(*(p.track() for p in self._processes()))
+        if self.shm is not None:
+            self.shm.sample(pids)
+        if self.disk is not None:
+            self.disk.sample()
 
     def healthy(self) -> bool:
         """True when GET /health answers 200."""
@@ -177,7 +193,11 @@ class VllmServer(StartedOnEnter):
         step runs even when one before it failed or a Ctrl-C interrupted it.
         """
         code = None
+        watcher, self.watcher = self.watcher, None
         try:
+            if watcher is not None:
+                watcher.stop()  # a last sample while the processes still run
+                self.cleaned["sample_errors"] = watcher.errors
             code = self.vllm.stop(grace_s) if self.vllm else None
         finally:
             try:
@@ -189,20 +209,23 @@ class VllmServer(StartedOnEnter):
 
     def _remove_leftovers(self) -> None:
         """Remove the stopped processes' shared memory and the run's flash-folder files."""
-        procs = [p for p in (self.vllm, self.lmcache) if p is not None]
-        pids: set[int] = set().union(*(p.pids for p in procs))
+        procs = self._processes()
         self.vllm = self.lmcache = None
-        wait_gone(pids)  # a segment is left alone while a dying process still maps it
+        # a segment is left alone while a dying process still maps it
+        wait_gone(set().union(*(p.still_running() for p in procs)))
         shm, disk = self.shm, self.disk
         if shm is not None:
-            self._clean_up_step("shm_segments", lambda: shm.cleanup(pids))
+            self._clean_up_step("shm_segments", shm.cleanup, shm.problems)
         if disk is not None:
-            self._clean_up_step("disk_files", disk.cleanup)
+            self._clean_up_step("disk_files", disk.cleanup, disk.problems)
 
-    def _clean_up_step(self, key: str, step: Callable[[], Any]) -> None:
-        """Run one clean-up step into `cleaned[key]`; an OS error is logged and kept."""
+    def _clean_up_step(self, key: str, step: Callable[[], Any], problems: list[str]) -> None:
+        """Run one clean-up step into `cleaned[key]`; an OS error, and each item the step
+        skipped (`problems`), is logged and kept in `cleaned["errors"]`."""
         try:
             self.cleaned[key] = step()
         except OSError as err:
-            log.warning("tier %r: clean-up of %s failed: %s", self.tier.name, key, err)
-            self.cleaned.setdefault("errors", []).append(f"{key}: {err}")
+            problems.append(str(err))
+        for problem in problems:
+            log.warning("tier %r: clean-up of %s: %s", self.tier.name, key, problem)
+            self.cleaned.setdefault("errors", []).append(f"{key}: {problem}")

@@ -239,7 +239,7 @@ def _lmcache_settings(tier: TierSpec) -> LMCacheSettings:
     return LMCacheSettings(
         chunk_size=tier.chunk_tokens, local_cpu=dram is not None,
         max_local_cpu_size_gib=dram.capacity_bytes / GIB if dram else None,
-        local_disk_path=flash.path if flash else None,
+        local_disk_path=(flash.path or RUN_DISK_DIR) if flash else None,
         max_local_disk_size_gib=flash.capacity_bytes / GIB if flash else None,
         enable_async_loading=flags.enable_async_loading,
         save_decode_cache=flags.save_decode_cache, save_unfull_chunk=flags.save_unfull_chunk,
@@ -265,9 +265,7 @@ def _lmcache_mp_settings(tier: TierSpec) -> LMCacheMPSettings:
         raise ValueError(f"{where}: multi-process LMCache needs a dram store (its L1)")
     adapters = []
     if flash is not None:
-        if not flash.path:
-            raise ValueError(f"{where}: store {flash.name!r} needs a path (its L2 folder)")
-        adapters.append({"type": "fs_native", "base_path": flash.path,
+        adapters.append({"type": "fs_native", "base_path": flash.path or RUN_DISK_DIR,
                          "num_workers": flash.io_workers,
                          "use_odirect": flash.io_mode == "o_direct",
                          "max_capacity_gb": flash.capacity_bytes / GIB,
@@ -276,11 +274,33 @@ def _lmcache_mp_settings(tier: TierSpec) -> LMCacheMPSettings:
                              l2_store_policy=flags.l2_store_policy, l2_adapters=adapters)
 
 
+RUN_DISK_DIR = "{run_dir}/lmcache-l2"
+"""A flash store without a `path` writes into its run's own folder: never a fixed path that two
+runs (or a run and a user) would share. `{run_dir}` is filled in at deployment."""
+
+
+def with_run_disk(tier: TierConfig, run_dir: str | Path) -> TierConfig:
+    """`tier` with `{run_dir}` in its flash folder (`RUN_DISK_DIR`) made the absolute
+    `run_dir`, in the folder and in every LMCache setting that names it."""
+    if not tier.disk_dir or "{run_dir}" not in tier.disk_dir:
+        return tier
+    root = str(Path(run_dir).resolve())
+    update: dict[str, Any] = {"disk_dir": tier.disk_dir.replace("{run_dir}", root)}
+    if tier.lmcache_mp is not None:
+        adapters = [{**a, "base_path": a["base_path"].replace("{run_dir}", root)}
+                    if "base_path" in a else a for a in tier.lmcache_mp.l2_adapters]
+        update["lmcache_mp"] = tier.lmcache_mp.model_copy(update={"l2_adapters": adapters})
+    if tier.lmcache is not None and tier.lmcache.local_disk_path:
+        update["lmcache"] = tier.lmcache.model_copy(update={
+            "local_disk_path": tier.lmcache.local_disk_path.replace("{run_dir}", root)})
+    return tier.model_copy(update=update)
+
+
 def _disk_fields(tier: TierSpec) -> dict[str, Any]:
     flash = tier.store("flash")
     if flash is None:
         return {}
-    return {"disk_dir": flash.path, "keep_disk_files": flash.keep_files,
+    return {"disk_dir": flash.path or RUN_DISK_DIR, "keep_disk_files": flash.keep_files,
             "allow_existing_disk_files": flash.allow_existing_files}
 
 

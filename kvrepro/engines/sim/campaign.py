@@ -14,6 +14,7 @@ from typing import Any
 
 import pandas as pd
 
+from kvrepro._paths import child_path
 from kvrepro.engines.run_result import (
     DRAIN_TIMEOUT_S,
     RunResult,
@@ -52,11 +53,14 @@ def run(workload: Workload, server: SimProfile | ServerSpec | str | Path, tier: 
 def campaign(workload: Workload, server: SimProfile | ServerSpec | str | Path,
              tiers: list[str] | None = None, out_dir: str | Path | None = None,
              **options: Any) -> dict[str, RunResult]:
-    """`run` on each tier (all of the server's by default), one run folder per tier."""
+    """`run` on each tier (all of the server's by default), one run folder per tier.
+
+    Every tier's folder is checked to lie inside `out_dir` before the first run (a tier
+    named `../x` is a ValueError, not a run written elsewhere)."""
     profile = as_profile(server)
-    return {name: run(workload, profile, name, Path(out_dir) / name if out_dir else None,
-                      **options)
-            for name in (tiers or list(profile.tiers))}
+    names = tiers or list(profile.tiers)
+    folders = {name: child_path(out_dir, name, "tier") if out_dir else None for name in names}
+    return {name: run(workload, profile, name, folders[name], **options) for name in names}
 
 
 def simulate_campaign(workload: Workload, profile: SimProfile | ServerSpec | str | Path,

@@ -289,7 +289,7 @@ LMCACHE_TIERS_YAML = """\
     stores:
       - {{name: staging, kind: dram, capacity_bytes: 52428800, read_bw_bytes_s: {staging_bw},
          write_bw_bytes_s: 3.0e+8}}
-      - {{name: flash, kind: flash, capacity_bytes: 4294967296, path: /tmp/kvrepro/lmcache-l2,
+      - {{name: flash, kind: flash, capacity_bytes: 4294967296,
          io_mode: o_direct, io_workers: 2, read_bw_bytes_s: {flash_bw},
          write_bw_bytes_s: 1.5e+8}}
 """

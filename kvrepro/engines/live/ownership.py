@@ -1,0 +1,360 @@
+"""What a live run can prove it created, and how it removes exactly that.
+
+A run leaves shared-memory segments under `/dev/shm` (vLLM's `psm_*` queues and `sem.mp-*`
+semaphores, LMCache's `lmcache_kv_<pid>_*`: a killed process leaves them behind, 160-250 MB
+each for a SIGKILLed vLLM) and the flash tier's chunk files. Other programs (another run, a
+user, a container sharing the host's `/dev/shm`) put things with the same names in the same
+places, so a name or a before/after listing never proves ownership. What does:
+
+* a segment: seen in the memory maps or open files of one of the run's own processes while
+  they ran (`SharedMemory.sample`, called by a `Watcher` every second), with the inode they had
+  open, owned by this user. At the end it is removed only if its name still has that inode
+  and no live process holds it;
+* a chunk file: new in a flash folder this run holds an exclusive lock on (`DiskFolder`),
+  owned by this user, named as LMCache names its files, and unchanged (inode, mtime) since the
+  run's processes stopped. A folder that contains the run folder, or that belongs to another
+  user, is refused.
+
+Each removal that fails is skipped and listed in `problems`; the rest are still removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvrepro._paths import RefusedFolder
+from kvrepro.engines.live.processes import ServerError
+
+SHM_DIR = Path("/dev/shm")
+LMCACHE_FILE_SUFFIXES = (".data", ".tmp", ".pt")
+"""The files LMCache writes into a flash folder: `fs_native` chunks (`<key>.data`, written
+through `.tmp`, as its extension's strings show) and the in-process disk backend's `<key>.pt`."""
+LOCK_NAME = ".kvrepro-flash.lock"
+
+
+class FolderRefused(RefusedFolder, ServerError):
+    """A flash folder a run will not use: in use by another run, another user's, holding
+    foreign files, or containing the run folder."""
+
+
+# --------------------------------------------------------------------------- shared memory
+
+
+def _maps_segments(pid: int) -> Iterator[tuple[str, int]]:
+    """(name, inode) of each /dev/shm segment process `pid` maps (from /proc/<pid>/maps)."""
+    try:
+        text = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)  # address perms offset dev inode path
+        if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+            name = fields[5].removeprefix("/dev/shm/")
+            if "/" not in name and not name.endswith(" (deleted)"):
+                yield name, int(fields[4])
+
+
+def _fd_segments(pid: int) -> Iterator[tuple[str, int]]:
+    """(name, inode) of each /dev/shm segment process `pid` holds open."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+            if target.startswith("/dev/shm/") and not target.endswith(" (deleted)"):
+                yield target.removeprefix("/dev/shm/"), os.stat(fd).st_ino
+        except OSError:
+            continue
+
+
+def held_segments(pids: Iterable[int]) -> set[tuple[str, int]]:
+    """(name, inode) of every segment the processes `pids` map or hold open now."""
+    return {seg for pid in pids for seg in (*_maps_segments(pid), *_fd_segments(pid))}
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+class SharedMemory:
+    """The /dev/shm segments a run's own processes were seen holding; removes those."""
+
+    def __init__(self, shm_dir: Path = SHM_DIR) -> None:
+        self.dir = shm_dir
+        self.seen: dict[str, int] = {}  # name -> inode the run's processes had
+        self.problems: list[str] = []
+        self._lock = threading.Lock()
+
+    def sample(self, pids: Iterable[int]) -> None:
+        """Record the segments `pids` (the run's processes) hold now that belong to this
+        user; call it while they run (a segment is proven the run's only by being seen)."""
+        uid = os.geteuid()
+        found = held_segments(pids)
+        with self._lock:
+            for name, inode in found:
+                if name in self.seen:
+                    continue
+                try:
+                    info = os.lstat(self.dir / name)
+                except OSError:
+                    continue
+                if info.st_ino == inode and info.st_uid == uid and stat.S_ISREG(info.st_mode):
+                    self.seen[name] = inode
+
+    def cleanup(self) -> list[str]:
+        """Remove the recorded segments that still carry their inode and that no live process
+        holds (call it after the run's processes exited); the names removed."""
+        with self._lock:
+            held = held_segments(_all_pids())
+            removed = []
+            for name, inode in sorted(self.seen.items()):
+                if self._remove(name, inode, held):
+                    removed.append(name)
+            return removed
+
+    def _remove(self, name: str, inode: int, held: set[tuple[str, int]]) -> bool:
+        path = self.dir / name
+        try:
+            if os.lstat(path).st_ino != inode:
+                self.problems.append(f"{path}: another segment now has this name; left alone")
+                return False
+            if (name, inode) in held:
+                self.problems.append(f"{path}: still held by a live process; left alone")
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False  # its process removed it on exit
+        except OSError as err:
+            self.problems.append(f"{path}: {err}")
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------- flash folder
+
+
+@dataclass(frozen=True)
+class FileId:
+    """A file as it was seen: device, inode, last modification."""
+
+    dev: int
+    ino: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, info: os.stat_result) -> FileId:
+        return cls(info.st_dev, info.st_ino, info.st_mtime_ns)
+
+    def same_file(self, other: FileId) -> bool:
+        return (self.dev, self.ino) == (other.dev, other.ino)
+
+
+def _contains(folder: Path, inner: Path) -> bool:
+    folder, inner = folder.resolve(), inner.resolve()
+    return inner == folder or inner.is_relative_to(folder)
+
+
+class DiskFolder:
+    """The flash tier's folder, held under an exclusive lock for the run's life; removes the
+    chunk files the run's processes wrote there and the folders it made."""
+
+    def __init__(self, path: str | Path, keep_files: bool = False,
+                 allow_existing: bool = False, run_dir: str | Path | None = None):
+        self.path = Path(str(path).removeprefix("file://"))
+        self.keep_files, self.allow_existing = keep_files, allow_existing
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.before: dict[Path, FileId] = {}
+        self.seen: dict[Path, FileId] = {}
+        self.created_dirs: list[tuple[Path, int]] = []  # deepest first, with their inodes
+        self.problems: list[str] = []
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+
+    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
+        """Every regular file below the folder (symlinks not followed), the lock excluded."""
+        for root, _dirs, names in os.walk(self.path):
+            for name in names:
+                path = Path(root) / name
+                try:
+                    info = os.lstat(path)
+                except OSError:
+                    continue
+                if stat.S_ISREG(info.st_mode) and path != self.path / LOCK_NAME:
+                    yield path, info
+
+    def _refuse_unsafe(self) -> None:
+        if self.run_dir is not None and _contains(self.path, self.run_dir):
+            raise FolderRefused(f"flash folder {self.path} contains the run folder "
+                                f"{self.run_dir}: its clean-up could remove the run's own "
+                                "files; choose a folder outside it")
+        if self.path.exists():
+            info = os.stat(self.path)
+            if not stat.S_ISDIR(info.st_mode):
+                raise FolderRefused(f"flash folder {self.path} is not a folder")
+            if info.st_uid != os.geteuid():
+                raise FolderRefused(f"flash folder {self.path} belongs to uid {info.st_uid}, "
+                                    f"not to this user (uid {os.geteuid()}): choose a folder "
+                                    "of your own")
+
+    def prepare(self) -> None:
+        """Make the folder, take its lock, and note what it already holds; refuse a folder in
+        use, unsafe, or (unless allowed) holding files this run did not create."""
+        self._refuse_unsafe()
+        missing = [p for p in [self.path, *self.path.parents] if not p.exists()]
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.created_dirs = [(p, os.stat(p).st_ino) for p in missing]
+        self._take_lock()
+        try:
+            self.before = {path: FileId.of(info) for path, info in self._files()}
+            if self.before and not self.allow_existing:
+                raise FolderRefused(
+                    f"flash folder {self.path} already holds {len(self.before)} file(s) this "
+                    "run did not create; empty it, choose another path, or allow it (store "
+                    "allow_existing_files: true)")
+        except BaseException:
+            self._release()
+            raise
+
+    def _take_lock(self) -> None:
+        """Hold `<folder>/.kvrepro-flash.lock` (flock, released by the kernel if the run dies):
+        a second run on the same folder is refused instead of mixing its files in."""
+        lock_path = self.path / LOCK_NAME
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise FolderRefused(f"flash folder {self.path} is in use by another run "
+                                f"({holder or 'unknown holder'}); choose another path") from None
+        if os.fstat(fd).st_ino != os.stat(lock_path).st_ino:  # the last holder removed it
+            os.close(fd)
+            return self._take_lock()
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}, run {self.run_dir}\n".encode())
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        """Remove and unlock the lock file, then the folders the run made (if empty)."""
+        if self._lock_fd is not None:
+            lock_path = self.path / LOCK_NAME
+            try:
+                if os.stat(lock_path).st_ino == os.fstat(self._lock_fd).st_ino:
+                    lock_path.unlink()
+            except OSError as err:
+                self.problems.append(f"{lock_path}: {err}")
+            os.close(self._lock_fd)
+            self._lock_fd = None
+        for folder, inode in self.created_dirs:
+            self._rmdir_if_empty(folder, inode)
+
+    def _rmdir_if_empty(self, folder: Path, inode: int) -> None:
+        try:
+            if os.lstat(folder).st_ino == inode and not any(folder.iterdir()):
+                folder.rmdir()
+        except OSError:
+            pass  # gone already, or not empty: what is left is someone's
+
+    def sample(self, final: bool = False) -> None:
+        """Record the LMCache files of this user that appeared since `prepare`; while the
+        run's processes write (`final=False`) a known file's new mtime is taken as theirs."""
+        uid = os.geteuid()
+        with self._mutex:
+            for path, info in self._files():
+                now, old = FileId.of(info), self.seen.get(path)
+                if path in self.before and self.before[path].same_file(now):
+                    continue
+                if old is None:
+                    if info.st_uid == uid and path.name.endswith(LMCACHE_FILE_SUFFIXES):
+                        self.seen[path] = now
+                elif not final and old.same_file(now):
+                    self.seen[path] = now
+
+    def cleanup(self) -> int:
+        """Remove the run's files (unless kept) and the folders it made; how many files.
+        Call it after the run's processes exited."""
+        try:
+            if self.keep_files:
+                return 0
+            self.sample(final=True)
+            removed = sum(self._remove(path, seen) for path, seen in sorted(self.seen.items()))
+            self._remove_new_subfolders()
+            self._note_foreign()
+            return removed
+        finally:
+            self._release()
+
+    def _remove(self, path: Path, seen: FileId) -> bool:
+        try:
+            if FileId.of(os.lstat(path)) != seen:
+                self.problems.append(f"{path}: changed after the run's processes stopped; "
+                                     "left in place")
+                return False
+            path.unlink()
+        except FileNotFoundError:
+            return False  # LMCache evicted it
+        except OSError as err:
+            self.problems.append(f"{path}: {err}")
+            return False
+        return True
+
+    def _remove_new_subfolders(self) -> None:
+        """Empty sub-folders that held the run's files (deepest first)."""
+        for folder in sorted({p.parent for p in self.seen}, key=lambda p: -len(p.parts)):
+            if folder != self.path and folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+
+    def _note_foreign(self) -> None:
+        """Report files that appeared during the run without proof that the run made them."""
+        left = [p for p, info in self._files()
+                if p not in self.before and p not in self.seen]
+        if left:
+            shown = ", ".join(str(p) for p in sorted(left)[:5])
+            self.problems.append(f"{self.path}: left {len(left)} file(s) the run did not "
+                                 f"create: {shown}")
+
+
+# --------------------------------------------------------------------------- watcher
+
+
+class Watcher:
+    """Samples what a run's processes own, every `interval_s` in a daemon thread, so that
+    what they create and leave behind is known when they are gone."""
+
+    def __init__(self, sample: Callable[[], None], interval_s: float = 1.0):
+        self._sample, self.interval_s = sample, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="kvrepro-watcher", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        """One sample now; an error is kept (a sample must never end a run)."""
+        try:
+            self._sample()
+        except Exception as err:  # noqa: BLE001 - a failed sample is reported, not raised
+            if len(self.errors) < 10:
+                self.errors.append(f"sample: {err!r}")
+
+    def stop(self) -> None:
+        """Take a last sample and end the thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.sample()
