@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvrepro.sweep import load_grid, run_sweep
+from kvrepro.sweep import _loopback_node, load_grid, run_sweep
 
 GRID = Path(__file__).resolve().parents[1] / "data" / "sweeps" / "whatif_48.yaml"
 
@@ -25,7 +25,8 @@ def _bench(grid: Path, out: Path, max_parallel: int | None) -> None:
 
     points, point_fn, _ = load_grid(grid)
     t0 = time.perf_counter()
-    ray.init(num_cpus=max_parallel, include_dashboard=False, log_to_driver=False)
+    with _loopback_node():  # as a sweep's own local Ray: the loopback only
+        ray.init(num_cpus=max_parallel, include_dashboard=False, log_to_driver=False)
     start_s = time.perf_counter() - t0
     try:
         table = run_sweep(points, out, point_fn=point_fn, progress=False)

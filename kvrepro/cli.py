@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 from kvrepro import reference
+from kvrepro._paths import RefusedFolder
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -81,9 +84,25 @@ def _workload(args: argparse.Namespace) -> Any:
     return build_workload(args.workload, parse_overrides(args.workload_param))
 
 
+_NEW_FOLDER_TRIES = 20
+
+
 def _out_dir(given: str | None, engine: str) -> Path:
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-    return Path(given or f"runs/{engine}-{stamp}")
+    """`--out` as given, or a new folder `runs/<engine>-<UTC time>-<pid>-<random>`, created
+    here (exist_ok=False, retried) so that two runs started in the same second never share
+    one: the second used to crash into the first's run folder."""
+    if given:
+        return Path(given)
+    for _ in range(_NEW_FOLDER_TRIES):
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
+        folder = Path("runs") / f"{engine}-{stamp}-{os.getpid()}-{secrets.token_hex(2)}"
+        try:
+            folder.mkdir(parents=True, exist_ok=False)
+        except FileExistsError:
+            continue
+        return folder
+    raise RefusedFolder(f"runs/: no new {engine}-<time> folder after {_NEW_FOLDER_TRIES} "
+                        "tries; pass --out")
 
 
 def _server(args: argparse.Namespace) -> Any:
@@ -172,7 +191,7 @@ def _add_fleet_parser(engines: argparse._SubParsersAction) -> None:
     _add_workload_args(fleet)
     fleet.add_argument("--request-timeout-s", type=float, default=600.0)
     fleet.add_argument("--sample-interval-s", type=float, default=2.0)
-    fleet.add_argument("--out", help="campaign folder (default runs/fleet-<UTC time>)")
+    fleet.add_argument("--out", help="campaign folder (default: new runs/fleet-<UTC time>-<id>)")
     fleet.set_defaults(func=_run_fleet)
 
 
@@ -285,7 +304,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     _add_workload_args(live)
     live.add_argument("--request-timeout-s", type=float, default=600.0)
     live.add_argument("--sample-interval-s", type=float, default=2.0)
-    live.add_argument("--out", help="campaign folder (default runs/live-<UTC time>)")
+    live.add_argument("--out", help="campaign folder (default: new runs/live-<UTC time>-<id>)")
     live.set_defaults(func=_run_live)
     sim = engines.add_parser("sim", help="simulate tiers (digital twin) on a workload")
     sim.add_argument("--server", "--profile", dest="server", required=True,
@@ -301,7 +320,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
                      help="offload store(s) that get --flash-profile (repeatable; "
                           "default: every store named 'flash')")
     _add_workload_args(sim)
-    sim.add_argument("--out", help="campaign folder (default runs/sim-<UTC time>)")
+    sim.add_argument("--out", help="campaign folder (default: new runs/sim-<UTC time>-<id>)")
     sim.set_defaults(func=_run_sim)
     _add_fleet_parser(engines)
 
@@ -334,7 +353,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `kvrepro` console script."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except FileExistsError as err:  # RefusedFolder included: a folder a run will not write
+        command = " ".join(filter(None, (args.command, getattr(args, "engine", None))))
+        print(f"kvrepro {command}: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -6,18 +6,24 @@ A run is one engine serving one workload on one tier. Its folder holds:
   flushed as each request ends, so a crash loses nothing that finished;
 * `samples.jsonl`: periodic server samples (`time_s` plus any numeric gauges/counters:
   prefix-cache hits and queries, KV usage, running/waiting, bytes per tier, ...);
-* `meta.json`: workload spec, engine, tier config, package versions, host.
+* `meta.json`: workload spec, engine, tier config, package versions, host, and the run's
+  `status`: "running" from the start, "finished" or "failed: <error>" once closed (a run
+  that still says "running" and has no live writer was killed);
+* `.writer.lock`, only while a writer holds the folder (see `RunWriter`).
 
 Times are seconds since the run's start (`send_s`, `first_token_s`, `finish_s`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import platform
 import sys
+import tempfile
+import time
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -27,6 +33,8 @@ from typing import Any, TextIO
 import pandas as pd
 
 from kvrepro._checks import not_utf8, require_columns
+from kvrepro._lines import MAX_LINE_BYTES, bounded_lines, line_too_long
+from kvrepro._paths import RefusedFolder
 
 RECORD_COLUMNS: dict[str, str] = {
     "session_id": "int64",
@@ -77,6 +85,58 @@ def check_record(record: dict[str, Any]) -> dict[str, Any]:
 RUN_FILES = ("records.jsonl", "samples.jsonl", "meta.json")
 """What makes a folder a run folder (and one that a new run must not write into)."""
 
+LOCK_NAME = ".writer.lock"
+"""The file a run's one writer holds an exclusive `flock` on for the run's life (removed at
+close). Why flock and not only O_EXCL: the kernel lets go of it when the writer dies, so a
+killed run neither leaves its folder locked for ever nor needs a guess at whether it is
+dead, and a reader can ask whether a "running" run still has a writer."""
+
+_CLAIM_WAIT_S = 0.5
+"""How long a new writer retries a held lock: long enough to outwait a reader's probe
+(`_being_written` holds a shared lock for microseconds), far shorter than any run."""
+
+
+def _locked(fd: int, path: Path) -> bool:
+    """Whether this fd now holds the exclusive lock of `path` itself (not of a lock file that
+    its last holder unlinked at close after we opened it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    try:
+        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _lock_folder(run_dir: Path) -> int:
+    """The fd holding `run_dir`'s writer lock; RefusedFolder while another writer holds it
+    (or when the lock cannot be made: a symlink there, another user's file)."""
+    path = run_dir / LOCK_NAME
+    deadline = time.monotonic() + _CLAIM_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise RefusedFolder(f"{run_dir}: cannot take its writer lock {path} "
+                                f"({err.strerror})") from err
+        if _locked(fd, path):
+            return fd
+        os.close(fd)
+        if time.monotonic() > deadline:
+            raise RefusedFolder(f"{run_dir} is being written by another run (it holds "
+                                f"{path}): choose a new folder")
+        time.sleep(0.01)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable (a power cut must not bring back the old file)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
 
 class RunWriter:
     """Write records and samples to a new run folder as they happen (context manager).
@@ -84,29 +144,71 @@ class RunWriter:
     Each line is flushed (and fsync'ed every `fsync_every` lines) so that a killed run keeps
     every finished request. `meta.json` is written at start and updated at close. A folder
     that already holds a run is refused (two runs in one folder would read back as one, with
-    doubled throughput) unless `overwrite`, which replaces it.
+    doubled throughput) unless `overwrite`, which replaces it. Refusals raise
+    `RefusedFolder`: one writer at a time holds the folder's `LOCK_NAME` (even with
+    `overwrite`, a folder whose writer is alive is refused), and the run's files are then
+    created with O_EXCL, so two writers started together cannot both be accepted.
     """
 
     def __init__(self, run_dir: str | Path, meta: dict[str, Any], fsync_every: int = 50,
                  overwrite: bool = False):
         self.run_dir = Path(run_dir)
-        used = [n for n in RUN_FILES if (self.run_dir / n).exists()]
-        if used and not overwrite:
-            raise FileExistsError(f"{self.run_dir} already holds a run ({', '.join(used)}): "
-                                  f"choose a new folder, or pass overwrite=True to replace it")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.meta = {**meta, "host": host_info(), "status": "running"}
-        self._write_meta()
-        self._records: TextIO = open(self.run_dir / "records.jsonl", "w", encoding="utf-8")
-        self._samples: TextIO = open(self.run_dir / "samples.jsonl", "w", encoding="utf-8")
+        self._lock_fd: int | None = _lock_folder(self.run_dir)
+        try:
+            self._clear(overwrite)
+            self.meta = {**meta, "host": host_info(), "status": "running"}
+            self._write_meta()
+            self._records: TextIO = self._create("records.jsonl")
+            self._samples: TextIO = self._create("samples.jsonl")
+        except BaseException:
+            self._release()
+            raise
         self._fsync_every = fsync_every
         self._lines = 0
         self.n_records = 0
 
+    def _clear(self, overwrite: bool) -> None:
+        """Refuse a folder holding a run, or with `overwrite` remove that run's files (the
+        lock is held: no live writer is using them)."""
+        used = [n for n in RUN_FILES if os.path.lexists(self.run_dir / n)]
+        if used and not overwrite:
+            raise RefusedFolder(f"{self.run_dir} already holds a run ({', '.join(used)}): "
+                                "choose a new folder, or pass overwrite=True to replace it")
+        for name in used:
+            (self.run_dir / name).unlink()
+
+    def _create(self, name: str) -> TextIO:
+        try:
+            return open(self.run_dir / name, "x", encoding="utf-8")
+        except FileExistsError as err:  # only a writer that skipped the lock gets here
+            raise RefusedFolder(f"{self.run_dir / name} appeared while this run claimed "
+                                "the folder: another writer without the lock?") from err
+
     def _write_meta(self) -> None:
-        tmp = self.run_dir / "meta.json.tmp"
-        tmp.write_text(json.dumps(self.meta, indent=2, default=str))
-        tmp.replace(self.run_dir / "meta.json")
+        """Replace meta.json atomically, through a temp file of this writer's own."""
+        fd, tmp = tempfile.mkstemp(prefix=".meta.", suffix=".tmp", dir=self.run_dir)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(self.meta, indent=2, default=str))
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.run_dir / "meta.json")
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.run_dir)
+
+    def _release(self) -> None:
+        """Remove the lock file and let go of the lock (unlinked first, while still held,
+        so that no one can take the old lock file after us)."""
+        if self._lock_fd is None:
+            return
+        try:
+            (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _append(self, handle: TextIO, obj: dict[str, Any]) -> None:
         handle.write(json.dumps(obj, default=_json_default, allow_nan=True) + "\n")
@@ -127,14 +229,20 @@ class RunWriter:
         self._append(self._samples, sample)
 
     def close(self, status: str = "finished", **extra: Any) -> None:
-        """Flush, close the files and record the final status in meta.json."""
-        for handle in (self._records, self._samples):
-            if not handle.closed:
-                handle.flush()
-                os.fsync(handle.fileno())
-                handle.close()
-        self.meta.update(status=status, n_records=self.n_records, **extra)
-        self._write_meta()
+        """Flush, close the files, record the final status in meta.json and give the folder
+        up. A second close does nothing: the folder may already be another writer's."""
+        if self._lock_fd is None:
+            return
+        try:
+            for handle in (self._records, self._samples):
+                if not handle.closed:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                    handle.close()
+            self.meta.update(status=status, n_records=self.n_records, **extra)
+            self._write_meta()
+        finally:
+            self._release()
 
     def __enter__(self) -> RunWriter:
         return self
@@ -150,42 +258,54 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {obj!r}")
 
 
-def read_jsonl(path: str | Path, strict: bool = True,
-               line_key: str | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+def _parse_line(raw: bytes) -> dict[str, Any]:
+    """One JSON Lines line as an object; ValueError (UnicodeDecodeError included) if not."""
+    obj = json.loads(raw.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj
+
+
+def read_jsonl(path: str | Path, strict: bool = True, line_key: str | None = None,
+               max_line_bytes: int = MAX_LINE_BYTES) -> tuple[list[dict[str, Any]], list[str]]:
     """Read JSON Lines; return the objects and a list of problems found.
 
     With `line_key`, each object gets its 1-based line number under that key.
 
     A truncated last line (a run killed mid-write) is skipped with a warning. Any other bad
-    line, including one that is not UTF-8, raises ValueError naming the file and line,
-    unless `strict=False`, which skips it and reports it in the problems list. Lines are
-    decoded one by one, so one bad byte costs one line, not the file.
+    line, including one that is not UTF-8 or one longer than `max_line_bytes`, raises
+    ValueError naming the file and line, unless `strict=False`, which skips it and reports
+    it in the problems list. The file is streamed line by line (never more than
+    `max_line_bytes` of it in memory), so one bad byte costs one line, not the file, and one
+    huge line costs no more memory than the limit.
     """
     path = Path(path)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    for number, raw in enumerate(lines, start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-            if not isinstance(obj, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as err:  # UnicodeDecodeError and JSONDecodeError included
-            reason = not_utf8(err)[1] if isinstance(err, UnicodeDecodeError) else str(err)
-            msg = f"{path}:{number}: malformed line ({reason})"
-            is_tail = number == len(lines) and not data.endswith(b"\n")
-            if is_tail:
-                warnings.warn(f"{msg}; truncated last line skipped", stacklevel=2)
-            elif strict:
-                raise ValueError(msg) from err
-            problems.append(msg)
-            continue
-        if line_key:
-            obj[line_key] = number
-        rows.append(obj)
+    with path.open("rb") as handle:
+        for number, raw in bounded_lines(handle, max_line_bytes):
+            if raw is None:
+                message = line_too_long(path, number, max_line_bytes)
+                if strict:
+                    raise ValueError(message)
+                problems.append(message)
+                continue
+            if not raw.strip():
+                continue
+            try:
+                obj = _parse_line(raw)
+            except ValueError as err:  # UnicodeDecodeError and JSONDecodeError included
+                reason = not_utf8(err)[1] if isinstance(err, UnicodeDecodeError) else str(err)
+                message = f"{path}:{number}: malformed line ({reason})"
+                if not raw.endswith(b"\n"):  # only the last line can lack its newline
+                    warnings.warn(f"{message}; truncated last line skipped", stacklevel=2)
+                elif strict:
+                    raise ValueError(message) from err
+                problems.append(message)
+                continue
+            if line_key:
+                obj[line_key] = number
+            rows.append(obj)
     return rows, problems
 
 
@@ -260,13 +380,24 @@ def _extra(rows: list[dict[str, Any]]) -> list[str]:
 
 @dataclass
 class Run:
-    """One run folder loaded: records (+ `ttft_s`), samples and metadata."""
+    """One run folder loaded: records (+ `ttft_s`), samples and metadata.
+
+    `status` is meta.json's: "finished"; "running" (never closed: still being written, or
+    killed); "failed: <error>" (closed by an error: its records are real but incomplete); or
+    "unknown" when the folder has no readable meta.json.
+    """
 
     path: Path
     records: pd.DataFrame
     samples: pd.DataFrame
     meta: dict[str, Any]
     problems: list[str]
+    status: str = "unknown"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run was closed without an error (its records are all there is)."""
+        return self.status == "finished"
 
 
 def _unique_keys(rows: list[dict[str, Any]], path: Path, strict: bool,
@@ -311,12 +442,63 @@ def _read_meta(meta_path: Path, strict: bool, problems: list[str]) -> dict[str, 
     return meta
 
 
-def read_run(run_dir: str | Path, strict: bool = True) -> Run:
+def _status(meta: dict[str, Any]) -> str:
+    """The run's status from its meta.json ("unknown" without one)."""
+    status = meta.get("status")
+    return status if isinstance(status, str) and status else "unknown"
+
+
+def _being_written(run_dir: Path) -> bool:
+    """Whether a live writer holds `run_dir`'s lock now (probed with a shared lock let go at
+    once; `RunWriter` waits out such a probe rather than refusing the folder)."""
+    try:
+        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _check_finished(run_dir: Path, status: str, strict: bool, allow_unfinished: bool) -> None:
+    """Say so when a run did not finish: a warning; a ValueError (strict, unless
+    `allow_unfinished`) for a run left "running" by a writer that is gone (killed)."""
+    if status == "finished":
+        return
+    if status == "running" and _being_written(run_dir):
+        why = "is still being written: its records so far"
+    elif status == "running":
+        why = "never closed and has no writer (killed?): its records are real but incomplete"
+        if strict and not allow_unfinished:
+            raise ValueError(f"{run_dir}: run did not finish (status 'running'; {why}); "
+                             "pass allow_unfinished=True (or strict=False) to read it anyway")
+    elif status == "unknown":
+        warnings.warn(f"{run_dir}: not known whether the run finished (no readable "
+                      "meta.json)", stacklevel=3)
+        return
+    else:
+        why = "its records are real but incomplete"
+    warnings.warn(f"{run_dir}: run did not finish (status {status[:200]!r}; {why})",
+                  stacklevel=3)
+
+
+def read_run(run_dir: str | Path, strict: bool = True, allow_unfinished: bool = False) -> Run:
     """Load a run folder written by `RunWriter` (see module doc).
 
     A bad line (malformed, not UTF-8, a field missing or of the wrong type, a duplicate
     record) raises ValueError naming file and line; `strict=False` skips it, keeps the
     rest and lists it in `Run.problems`.
+
+    A run that did not finish (`Run.status` other than "finished") is read with a warning
+    naming the folder and its status, so that a part of a run is never taken for a whole
+    one. A killed run (still "running", no writer holding it) raises ValueError instead,
+    unless `allow_unfinished=True` or `strict=False`. Failed runs ("failed: ...", records
+    real but cut short) and runs still being written only warn: the live runner, its tests
+    and notebooks read those on purpose.
     """
     run_dir = Path(run_dir)
     rec_path, sam_path, meta_path = (run_dir / n for n in
@@ -325,6 +507,8 @@ def read_run(run_dir: str | Path, strict: bool = True) -> Run:
         raise FileNotFoundError(f"{run_dir} has no records.jsonl (is it a run folder?)")
     problems: list[str] = []
     meta = _read_meta(meta_path, strict, problems)
+    status = _status(meta)
+    _check_finished(run_dir, status, strict, allow_unfinished)
     rows, record_problems = read_jsonl(rec_path, strict, line_key="_line")
     problems += record_problems
     rows = _usable_records(rows, rec_path, strict, problems)
@@ -337,14 +521,38 @@ def read_run(run_dir: str | Path, strict: bool = True) -> Run:
         samples = pd.DataFrame(sample_rows)
         if len(samples):
             require_columns(samples, SAMPLE_REQUIRED, str(sam_path))
-    return Run(run_dir, records, samples, meta, problems)
+    return Run(run_dir, records, samples, meta, problems, status)
 
 
-def read_runs(run_dirs: list[str | Path], strict: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Concatenate several runs (e.g. one per tier) into one records and one samples frame."""
-    runs = [read_run(d, strict) for d in run_dirs]
-    records = pd.concat([r.records for r in runs], ignore_index=True)
-    samples = pd.concat([r.samples.assign(tier=r.meta.get("tier", r.path.name))
+def read_runs(run_dirs: list[str | Path], strict: bool = True,
+              allow_unfinished: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Concatenate several runs (e.g. one per tier) into one records and one samples frame.
+
+    Both frames get a `run_status` column (each row its run's `Run.status`), so that a
+    pooled table can tell, and say (`warn_unfinished`), that a run in it did not finish;
+    each such run is also warned about (or refused) as `read_run` does.
+    """
+    runs = [read_run(d, strict, allow_unfinished) for d in run_dirs]
+    records = pd.concat([r.records.assign(run_status=r.status) for r in runs],
+                        ignore_index=True)
+    samples = pd.concat([r.samples.assign(tier=r.meta.get("tier", r.path.name),
+                                          run_status=r.status)
                          for r in runs if len(r.samples)], ignore_index=True) if any(
         len(r.samples) for r in runs) else pd.DataFrame()
     return records, samples
+
+
+def warn_unfinished(frame: pd.DataFrame, what: str) -> None:
+    """Warn when `frame` (records or samples of `read_runs`) pools a run that did not finish,
+    naming its tier and status; frames without `run_status` (simulated in memory) pass.
+    Why: a table of a killed tier next to finished ones would read as a fair comparison."""
+    if "run_status" not in frame.columns or frame.empty:
+        return
+    keys = [c for c in ("tier", "run_status") if c in frame.columns]
+    runs = frame[keys].drop_duplicates()
+    unfinished = runs[runs["run_status"] != "finished"]
+    if len(unfinished):
+        listed = ", ".join(f"{row.get('tier', '?')}: {str(row['run_status'])[:120]!r}"
+                           for _, row in unfinished.iterrows())
+        warnings.warn(f"{what} pools runs that did not finish ({listed}); their records are "
+                      "real but incomplete", stacklevel=3)

@@ -27,10 +27,10 @@ from typing import Any
 
 import pandas as pd
 import papermill as pm
-import yaml
 from tqdm.auto import tqdm
 
 from kvrepro import reference
+from kvrepro._checks import load_yaml
 from kvrepro._signals import stop_on_signals
 from kvrepro.report import TIMINGS_CSV, write_report
 
@@ -69,7 +69,7 @@ def _parse_value(text: str) -> Any:
             return number(text)
         except ValueError:
             pass
-    return yaml.safe_load(text) if text.strip() else ""
+    return load_yaml(text, f"value {text!r}") if text.strip() else ""
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

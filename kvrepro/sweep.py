@@ -9,8 +9,12 @@ interrupted session and a rerun runs only the points that are missing:
     out_dir/sweep.json              the grid and the point function (checked on resume)
     out_dir/points/<point_id>.parquet   one row per finished point, written atomically
     out_dir/sweep.parquet           all points, one tidy table (rewritten at the end)
+    out_dir/.sweep.lock             held (flock) by the one sweep that writes the folder
 
 `read_sweep(out_dir)` reads the table from the points folder at any time, also mid-sweep.
+A second sweep on a folder another sweep is writing is refused (`RefusedFolder`); a point
+file that cannot be read back (cut short by a crash) is named, skipped by `read_sweep` and
+run again on resume. A local Ray listens on 127.0.0.1 only, with token authentication.
 Every row holds the point's parameters, `point_id`, `status` ("ok" or "failed"), `error`,
 `wall_s` and the point function's headline columns. A failed point is recorded with its error
 and does not stop the others; a finished point, failed or not, is not run again unless
@@ -28,24 +32,29 @@ fill time of the tier's store): notebook 07's sweep, whose points `whatif_grid` 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib
 import itertools
 import json
 import logging
 import os
+import re
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import ValidationError as _ValidationError
 
 from kvrepro._checks import key_path, load_yaml_model
+from kvrepro._paths import RefusedFolder
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,12 @@ SWEEP_FORMAT = 1
 META_COLUMNS = ("point_id", "status", "error", "traceback", "wall_s")
 """Columns every row has besides the parameters and the headlines."""
 DEFAULT_POINT_FUNCTION = "kvrepro.sweep:default_point"
+RAY_MIN_VERSION = "2.59"
+"""The first Ray whose local `ray.init` turns token authentication (`RAY_AUTH_MODE=token`,
+Ray >= 2.52) on by itself: a sweep's local cluster is never open to other local users."""
+LOCK_NAME = ".sweep.lock"
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
+"""`_write_atomic`'s temporary names: `.<file name>.<writer's pid>.tmp`."""
 
 
 # ---------------------------------------------------------------- points and grids
@@ -161,11 +176,108 @@ def _points_dir(out_dir: Path) -> Path:
     return out_dir / "points"
 
 
+def _fsync(path: Path, directory: bool = False) -> None:
+    """Flush a file (or a folder's entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Write to a temporary name next to `path`, then rename: a reader never sees half."""
+    """Write to a temporary name next to `path` (the writer's pid in it), then rename: a
+    reader never sees half. The file is flushed to the disk before the rename and the folder
+    after it: else a power cut can keep the rename but not the data (a 0-byte point)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync(path.parent, directory=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process `pid` exists (another user's counts: it may still be writing)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_writers_temp(folder: Path) -> None:
+    """Remove the temporary files of writers that died mid-write (the pid in the name is
+    gone, or it is this process, which holds the folder's lock and is not writing yet); a
+    live process' file is left as it is: it is not this sweep's to delete."""
+    for path in folder.glob(".*.tmp"):
+        match = TEMP_NAME.match(path.name)
+        pid = int(match["pid"]) if match else None
+        if pid is None or (pid != os.getpid() and _alive(pid)):
+            log.warning("%s: left as it is (%s)", path, "not a sweep's temporary name"
+                        if pid is None else f"its writer, pid {pid}, is alive")
+            continue
+        path.unlink(missing_ok=True)
+
+
+def _lock_holder(fd: int, wait_s: float = 0.5) -> str:
+    """The pid a lock file's holder wrote (it writes it just after taking the lock: a
+    moment's wait for it), or "unknown"."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        if holder or time.monotonic() > deadline:
+            return holder or "unknown"
+        time.sleep(0.02)
+
+
+@contextmanager
+def _sweep_lock(out: Path) -> Iterator[None]:
+    """Hold `out/.sweep.lock` (an exclusive flock, the holder's pid written in it) while a
+    sweep writes `out`: two sweeps on one folder would mix their grids' points under one
+    manifest. The kernel drops the lock when its holder dies: a killed sweep never locks
+    its folder for good. Raises `RefusedFolder` naming the folder and the holder."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            raise RefusedFolder(f"{out}: another sweep (pid {holder}) is writing this folder "
+                                f"(it holds {path}); wait for it to finish or use another "
+                                "folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def _read_manifest(out: Path) -> dict[str, Any]:
+    """`sweep.json`, checked to be a manifest; a broken one is an error naming it (and its
+    line), not a bare JSONDecodeError."""
+    manifest = out / "sweep.json"
+    try:
+        had = json.loads(manifest.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{manifest}:{err.lineno}: not a sweep manifest: {err.msg} (column "
+                         f"{err.colno}); use a new folder (or delete this one)") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{manifest}: not a sweep manifest: not UTF-8 text ({err})") from None
+    if not isinstance(had, dict) or not isinstance(had.get("points"), dict):
+        raise ValueError(f"{manifest}: not a sweep manifest: expected an object whose "
+                         "'points' maps point_id -> point")
+    return had
 
 
 def _remembered(out_dir: Path, fn: PointFn, points: list[Point]) -> None:
@@ -180,7 +292,7 @@ def _remembered(out_dir: Path, fn: PointFn, points: list[Point]) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         _write_atomic(manifest, lambda p: p.write_text(json.dumps(wanted, indent=1) + "\n"))
         return
-    had = json.loads(manifest.read_text())
+    had = _read_manifest(out_dir)
     for key in ("format", "point_function", "point_function_version"):
         if had.get(key) != wanted[key]:
             raise ValueError(f"{out_dir}: this sweep folder was run with {key} "
@@ -194,14 +306,45 @@ def _remembered(out_dir: Path, fn: PointFn, points: list[Point]) -> None:
                          "results")
 
 
-def _done_ids(out_dir: Path, retry_failed: bool) -> set[str]:
-    """Points with a result file (failed ones too, unless `retry_failed`)."""
-    done = set()
-    for path in _points_dir(out_dir).glob("*.parquet"):
-        if retry_failed and (pd.read_parquet(path, columns=["status"]).status != "ok").any():
+def _read_point(path: Path) -> pd.DataFrame:
+    """One point file, checked: one row of its own point with a status; else ValueError
+    naming the file (a file cut short by a crash or a full disk)."""
+    try:
+        frame = pd.read_parquet(path)
+    except (pa.ArrowException, OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable point file ({type(err).__name__}: {err})") from err
+    ids = list(frame["point_id"]) if "point_id" in frame else []
+    if ids != [path.stem] or "status" not in frame:
+        raise ValueError(f"{path}: not the point file of point {path.stem} (one row with its "
+                         f"point_id and a status; got {len(frame)} row(s), ids {ids[:3]})")
+    return frame
+
+
+def _read_points(out: Path, ids: Sequence[str], strict: bool,
+                 unreadable_note: str) -> dict[str, pd.DataFrame]:
+    """The readable point files of `ids` (those with a file). An unreadable one raises
+    (`strict`) or is logged with `unreadable_note` and left out."""
+    frames = {}
+    for key in ids:
+        path = _points_dir(out) / f"{key}.parquet"
+        if not path.is_file():
             continue
-        done.add(path.stem)
-    return done
+        try:
+            frames[key] = _read_point(path)
+        except ValueError as err:
+            if strict:
+                raise
+            log.warning("%s: %s", err, unreadable_note)
+    return frames
+
+
+def _done_ids(out_dir: Path, points: Sequence[Point], retry_failed: bool) -> set[str]:
+    """Points with a readable result file (failed ones too, unless `retry_failed`); an
+    unreadable file is named and its point runs again."""
+    frames = _read_points(out_dir, [point_id(p) for p in points], strict=False,
+                          unreadable_note="the point runs again")
+    return {key for key, frame in frames.items()
+            if not (retry_failed and (frame.status != "ok").any())}
 
 
 def _write_point(out_dir: Path, row: Mapping[str, Any]) -> None:
@@ -220,18 +363,18 @@ def _tidy_columns(table: pd.DataFrame, points: Sequence[Mapping[str, Any]]) -> p
     return table[head + rest + [c for c in tail if c in table]]
 
 
-def read_sweep(out_dir: str | Path) -> pd.DataFrame:
+def read_sweep(out_dir: str | Path, *, strict: bool = False) -> pd.DataFrame:
     """Every finished point of a sweep folder, one row each, in the grid's order.
 
-    Reads the points folder, so it works while a sweep runs or after it was interrupted."""
+    Reads the points folder, so it works while a sweep runs or after it was interrupted. A
+    point file that cannot be read back is named in a warning and left out (a resumed sweep
+    runs it again), or, with `strict`, a ValueError naming it."""
     out = Path(out_dir)
-    manifest = out / "sweep.json"
-    if not manifest.is_file():
+    if not (out / "sweep.json").is_file():
         raise FileNotFoundError(f"{out}: not a sweep folder (no sweep.json)")
-    points = json.loads(manifest.read_text())["points"]
-    files = {p.stem: p for p in _points_dir(out).glob("*.parquet")}
-    rows = [row for k in points if k in files
-            for row in pd.read_parquet(files[k]).to_dict("records")]
+    points = _read_manifest(out)["points"]
+    frames = _read_points(out, list(points), strict, unreadable_note="left out of the table")
+    rows = [row for frame in frames.values() for row in frame.to_dict("records")]
     if not rows:
         return pd.DataFrame(columns=list(META_COLUMNS))
     return _tidy_columns(pd.DataFrame(rows), list(points.values()))
@@ -270,8 +413,35 @@ def _import_ray() -> Any:
         import ray
     except ImportError as err:
         raise ImportError("sweeps run on Ray, which is not installed: pip install "
-                          "'kvrepro[sweep]' (or 'ray>=2.9')") from err
+                          f"'kvrepro[sweep]' (or 'ray>={RAY_MIN_VERSION}')") from err
+    from packaging.version import Version
+
+    if Version(ray.__version__) < Version(RAY_MIN_VERSION):
+        raise ImportError(f"sweeps need Ray >= {RAY_MIN_VERSION} (token authentication), "
+                          f"found {ray.__version__}: pip install 'kvrepro[sweep]'")
     return ray
+
+
+@contextmanager
+def _loopback_node() -> Iterator[None]:
+    """While a local Ray starts: make it a single-machine node on 127.0.0.1, as Ray does on
+    macOS and Windows (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), so that its GCS, raylet,
+    workers and agents listen on the loopback only, not on every interface
+    (`ray.init(_node_ip_address="127.0.0.1")` is turned into the machine's address). Ray reads
+    the variable when it is imported: the driver's copy is set too, and both are restored
+    once the node runs (it keeps its address)."""
+    constants = importlib.import_module("ray._private.ray_constants")
+    name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    saved_env, saved = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
+    os.environ[name], constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved_env
 
 
 def _start_ray(ray: Any, address: str | None, max_parallel: int | None) -> bool:
@@ -285,8 +455,13 @@ def _start_ray(ray: Any, address: str | None, max_parallel: int | None) -> bool:
     if address:
         ray.init(address=address, logging_level=logging.WARNING)
     else:
-        ray.init(num_cpus=max_parallel, include_dashboard=False,
-                 logging_level=logging.WARNING)
+        with _loopback_node():
+            ray.init(num_cpus=max_parallel, include_dashboard=False,
+                     logging_level=logging.WARNING)
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            log.warning("the local Ray runs without token authentication (RAY_AUTH_MODE=%s): "
+                        "Ray >= 2.59 turns it on itself; on older Ray set RAY_AUTH_MODE=token "
+                        "before Python starts", os.environ.get("RAY_AUTH_MODE", "unset"))
     return True
 
 
@@ -331,24 +506,28 @@ def _run_tasks(ray: Any, point_fn: PointFn, todo: list[Point], out_dir: Path, sl
     return failed
 
 
-def _prepare(points: list[Point], out: Path, point_fn: PointFn,
-             retry_failed: bool) -> tuple[list[Point], list[Point]]:
-    """Check the points (the point function's `check`), remember or check the folder's grid,
-    and return all points and those still to run."""
+def _check_points(points: list[Point], point_fn: PointFn) -> None:
+    """Check the points with the point function's `check`, before anything is written."""
     check = getattr(point_fn, "check", None)
     for i, point in enumerate(points):
         if check is not None:
             check(point, where=f"point {i} {point}")
+
+
+def _prepare(points: list[Point], out: Path, point_fn: PointFn,
+             retry_failed: bool) -> list[Point]:
+    """With the folder's lock held: remember or check the folder's grid, remove the
+    temporary files of dead writers, and return the points still to run."""
     _remembered(out, point_fn, points)
     _points_dir(out).mkdir(parents=True, exist_ok=True)
-    for stale in _points_dir(out).glob(".*.tmp"):  # from a sweep killed mid-write
-        stale.unlink()
-    done = _done_ids(out, retry_failed)
+    for folder in (out, _points_dir(out)):
+        _remove_dead_writers_temp(folder)
+    done = _done_ids(out, points, retry_failed)
     todo = [p for p in points if point_id(p) not in done]
     if len(todo) < len(points):
         log.warning("%s: %d of %d points already finished, not run again", out,
                     len(points) - len(todo), len(points))
-    return points, todo
+    return todo
 
 
 def run_sweep(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
@@ -363,6 +542,7 @@ def run_sweep(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
     (`ray.init(address=...)`); default a local Ray with `max_parallel` CPUs (all by default).
     An already running Ray session is used as it is. Ray is shut down on every exit path when
     this call started it. The table has `attrs` `skipped`, `ran`, `failed` and `wall_s`.
+    The folder is locked while the sweep runs: a second sweep on it raises `RefusedFolder`.
     """
     from tqdm.auto import tqdm
 
@@ -370,21 +550,25 @@ def run_sweep(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]],
         raise ValueError(f"max_parallel must be >= 1, got {max_parallel}")
     point_fn = point_fn or default_point
     out = Path(out_dir)
-    points, todo = _prepare(expand_grid(grid), out, point_fn, retry_failed)
-    skipped = len(points) - len(todo)
-    started, failed = time.perf_counter(), 0
-    if todo:
-        ray = _import_ray()
-        owns = _start_ray(ray, address, max_parallel)
-        try:
-            with tqdm(total=len(points), initial=skipped, unit="point", disable=not progress,
-                      desc=f"sweep {out.name}") as bar:
-                failed = _run_tasks(ray, point_fn, todo, out, _slots(ray, max_parallel), bar)
-        finally:
-            if owns:
-                ray.shutdown()
-    table = read_sweep(out)
-    _write_atomic(out / "sweep.parquet", lambda p: table.to_parquet(p, index=False))
+    points = expand_grid(grid)
+    _check_points(points, point_fn)
+    with _sweep_lock(out):
+        todo = _prepare(points, out, point_fn, retry_failed)
+        skipped = len(points) - len(todo)
+        started, failed = time.perf_counter(), 0
+        if todo:
+            ray = _import_ray()
+            owns = _start_ray(ray, address, max_parallel)
+            try:
+                with tqdm(total=len(points), initial=skipped, unit="point",
+                          disable=not progress, desc=f"sweep {out.name}") as bar:
+                    failed = _run_tasks(ray, point_fn, todo, out, _slots(ray, max_parallel),
+                                        bar)
+            finally:
+                if owns:
+                    ray.shutdown()
+        table = read_sweep(out)
+        _write_atomic(out / "sweep.parquet", lambda p: table.to_parquet(p, index=False))
     table.attrs.update(skipped=skipped, ran=len(todo), failed=failed,
                        wall_s=time.perf_counter() - started)
     return table

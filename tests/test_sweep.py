@@ -46,7 +46,10 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from kvrepro.sweep import _loopback_node
+
+    with _loopback_node():  # the tests' own Ray listens on the loopback only, as a sweep's
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

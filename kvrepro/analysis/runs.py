@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from kvrepro._checks import non_negative, positive, require_columns
+from kvrepro.records import warn_unfinished
 
 RATE_COLUMNS = ("total_tok_s", "output_tok_s", "prompt_tok_s", "cached_prompt_tok_s",
                 "computed_prompt_tok_s")
@@ -155,6 +156,7 @@ def throughput_over_time(records: pd.DataFrame, bin_s: float = 60.0,
     curves can be compared bin by bin.
     """
     require_columns(records, _THROUGHPUT_NEEDS, "throughput_over_time")
+    warn_unfinished(records, "throughput_over_time")
     positive(bin_s=bin_s)
     run_end_s = _run_end_s(records["finish_s"], run_s, "throughput_over_time")
     edges = _bin_edges(run_end_s, bin_s)
@@ -192,6 +194,7 @@ def ttft_over_time(records: pd.DataFrame, bin_s: float = 60.0, exclude_warmup: b
     """
     require_columns(records, _TTFT_NEEDS + (["is_warmup"] if exclude_warmup else []),
                      "ttft_over_time")
+    warn_unfinished(records, "ttft_over_time")
     positive(bin_s=bin_s)
     run_end_s = _run_end_s(records["send_s"], run_s, "ttft_over_time")
     edges = _bin_edges(run_end_s, bin_s)
@@ -214,6 +217,7 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
     computed_prompt_tokens, hit_share, n_cached_unknown`.
     """
     require_columns(records, _THROUGHPUT_NEEDS, "prompt_split")
+    warn_unfinished(records, "prompt_split")
     rows = []
     for tier in _tiers(records):
         part = records[(records["tier"] == tier) & _succeeded(records)]
@@ -250,6 +254,7 @@ def hit_miss_ttft(records: pd.DataFrame, min_prompt_tokens: int = 3000,
     """
     require_columns(records, ["send_s", "first_token_s", "error", "prompt_tokens",
                               "cached_prompt_tokens"], "hit_miss_ttft")
+    warn_unfinished(records, "hit_miss_ttft")
     positive(min_prompt_tokens=min_prompt_tokens)
     _share_in("hit_share", hit_share)
     _share_in("miss_share", miss_share)
@@ -309,6 +314,7 @@ def prompt_tokens_by_source(samples: pd.DataFrame) -> pd.DataFrame:
     columns `SOURCE_COLUMNS`.
     """
     require_columns(samples, ["time_s", "tier"], "prompt_tokens_by_source")
+    warn_unfinished(samples, "prompt_tokens_by_source")
     good = samples
     if "scrape_error" in samples:
         good = samples[samples["scrape_error"].isna() | (samples["scrape_error"] == "")]
@@ -334,6 +340,7 @@ def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True,
     """
     require_columns(records, _TTFT_NEEDS + ["is_resume", "session_id"]
                      + (["is_warmup"] if exclude_warmup else []), "resume_stats")
+    warn_unfinished(records, "resume_stats")
     data = records[~records["is_warmup"].astype(bool)] if exclude_warmup else records
     if common_sessions:
         data = data[~data["is_resume"].astype(bool)

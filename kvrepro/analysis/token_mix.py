@@ -32,6 +32,12 @@ row) holding a byte that is not UTF-8 is such a record, skipped whole; so is the
 gzip file that ends early. Other events and
 metrics (tool_result, cost.usage, ...) are not errors: they are counted in `ignored`.
 
+Files are streamed line by line with a bound, `max_line_bytes` (default
+`kvrepro._lines.MAX_LINE_BYTES`): a longer line (a cut export, a file without newlines) is
+read past without being held, and is such an unusable record (strict: an error naming file,
+line and limit). A single JSON document spread over lines (pretty-printed OTLP, a Loki
+response) is read whole only up to the same bound; a bigger one is an error naming the limit.
+
 Metrics in cumulative temporality are turned into deltas per series (resource + point
 attributes); a value below the previous one, or a new `startTimeUnixNano`, is a reset and
 counts from zero again. A series' first point counts whole: Claude Code starts one series per
@@ -52,12 +58,11 @@ from __future__ import annotations
 
 import csv
 import gzip
-import io
 import json
 import re
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import chain
@@ -69,6 +74,7 @@ import numpy as np
 import pandas as pd
 
 from kvrepro._checks import UNDECODABLE_RE, not_utf8
+from kvrepro._lines import MAX_LINE_BYTES, bounded_lines, line_too_long
 
 TOKEN_COLUMNS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_creation_tokens")
 FRAME_DTYPES: dict[str, str] = {
@@ -685,6 +691,10 @@ class ClaudeCodeTelemetry:
         return "\n".join(lines)
 
 
+_AFTER_BARE_CR_RE = re.compile(r"(?<=\r)(?!\n)")
+"""The places where a line ends at a CR that no LF follows."""
+
+
 def _is_json(raw: bytes) -> bool:
     try:
         json.loads(raw)
@@ -729,8 +739,9 @@ def _sniff(path: Path) -> str:
 class _Reader:
     """Accumulates rows, metric points, skips and ignored counts across files."""
 
-    def __init__(self, strict: bool):
+    def __init__(self, strict: bool, max_line_bytes: int = MAX_LINE_BYTES):
         self.strict = strict
+        self.max_line_bytes = max_line_bytes
         self.rows: list[tuple] = []
         self.points: list[_Point] = []
         self.skipped: list[tuple[str, int | None, str, str]] = []
@@ -746,6 +757,56 @@ class _Reader:
             raise TelemetryFormatError(f"{self.file}{at}: {reason}{where}")
         self.skipped.append((self.file, line, record, reason))
 
+    def too_long(self, line: int) -> None:
+        """A line over `max_line_bytes`; strict, the error is `line_too_long`'s message."""
+        message = line_too_long(self.file, line, self.max_line_bytes)
+        self.skip(line, "", message.removeprefix(f"{self.file}:{line}: "))
+
+    def json_documents(self, fh: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+        """(line, raw JSON) of each non-blank line, or of the whole file when it is one
+        document spread over lines (pretty-printed). Why this shape: a first line that is
+        not JSON may open such a document, so lines are gathered up to `max_line_bytes` in
+        all; a file that ends there and parses whole is one document (line 1), else its
+        lines are read one by one. A start over the bound that holds no JSON object line
+        is taken for a document too big to read (one skip naming the limit), otherwise
+        for JSON lines whose first line is cut, streamed on."""
+        lines = bounded_lines(fh, self.max_line_bytes)
+        first = next(lines, None)
+        if first is None:
+            return
+        head = [first]
+        if first[1] is not None and first[1].strip() and not _is_json(first[1]):
+            if not self.gather_head(head, lines):
+                return
+        for line_no, raw in chain(head, lines):
+            if raw is None:
+                self.too_long(line_no)
+            elif not raw.isspace():  # raw.strip() without copying the line
+                yield line_no, raw
+
+    def gather_head(self, head: list[tuple[int, bytes | None]],
+                    lines: Iterator[tuple[int, bytes | None]]) -> bool:
+        """Extend `head` (the first line) up to `max_line_bytes`; True when its lines are to
+        be read one by one, False when it was one document, handled (read or skipped)."""
+        size = len(head[0][1] or b"")
+        for item in lines:
+            head.append(item)
+            if item[1] is None or (size := size + len(item[1])) > self.max_line_bytes:
+                break
+        else:  # the file ended within the bound: one document, or lines?
+            whole = b"".join(raw or b"" for _, raw in head)
+            if _is_json(whole):
+                head[:] = [(1, whole)]
+            return True
+        if any(raw is not None and raw.lstrip()[:1] == b"{" and _is_json(raw)
+               for _, raw in head[1:]):
+            return True
+        self.skip(1, "", f"the first line is not JSON and the first {size:,} bytes hold no "
+                  "JSON line: one document (pretty-printed?) longer than "
+                  f"{self.max_line_bytes:,} bytes (the reader's max_line_bytes limit); "
+                  "export JSON lines or raise max_line_bytes")
+        return False
+
     def accept(self, outcome: tuple | str) -> None:
         """Add a row, or count an event that is not an api_request."""
         if type(outcome) is str:
@@ -756,17 +817,8 @@ class _Reader:
     # -- OTLP ---------------------------------------------------------------------------
 
     def read_otlp(self, fh: IO[bytes]) -> None:
-        first = fh.readline()
-        lines: Iterable[tuple[int, bytes]] = chain([(1, first)], enumerate(fh, 2))
-        if first.strip() and not _is_json(first):  # one pretty-printed document?
-            whole = first + fh.read()
-            if _is_json(whole):
-                self.otlp_document(whole, 1)
-                return
-            lines = enumerate(whole.splitlines(), 1)
-        for line_no, raw in lines:
-            if raw and not raw.isspace():  # raw.strip() without copying the line
-                self.otlp_document(raw, line_no)
+        for line_no, raw in self.json_documents(fh):
+            self.otlp_document(raw, line_no)
 
     def otlp_document(self, raw: bytes, line: int) -> None:
         if not raw.isascii():  # checked here: the fast path never decodes most of the line
@@ -845,18 +897,13 @@ class _Reader:
     # -- Loki and CSV -------------------------------------------------------------------
 
     def read_loki(self, fh: IO[bytes]) -> None:
-        data = fh.read()
-        try:
-            docs = [(1, json.loads(data))]
-        except ValueError:  # JSON lines: one query response per line (paged exports)
-            docs = []
-            for line_no, raw in enumerate(data.splitlines(), 1):
-                if raw.strip():
-                    try:
-                        docs.append((line_no, json.loads(raw.decode("utf-8"))))
-                    except ValueError as exc:  # UnicodeDecodeError included
-                        self.skip(line_no, "", _invalid_json(exc))
-        for line_no, doc in docs:
+        """One query response, or JSON lines of them (paged exports)."""
+        for line_no, raw in self.json_documents(fh):
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except ValueError as exc:  # UnicodeDecodeError included
+                self.skip(line_no, "", _invalid_json(exc))
+                continue
             self.loki_document(doc, line_no)
 
     def loki_document(self, doc: Any, line: int) -> None:
@@ -893,13 +940,31 @@ class _Reader:
         fields.update(_parse_line(entry[1]))
         self.flat_event(fields, _nanos_to_s(entry[0]), "loki")
 
+    def csv_lines(self, fh: IO[bytes], undecodable: list[bool]) -> Iterator[str]:
+        """The file's lines as text for `csv.reader`, read with the bound. A line that is not
+        UTF-8 keeps its bad bytes as lone surrogates (its rows are skipped) and sets
+        `undecodable[0]`; a line over the bound is skipped here and passed on as an empty
+        line, so that `csv.reader.line_num` stays the file's line number. A bare CR ends a
+        line too (old Mac files), as in a text file opened with newline=""."""
+        for line_no, raw in bounded_lines(fh, self.max_line_bytes):
+            if raw is None:
+                self.too_long(line_no)
+                yield "\n"
+                continue
+            codec = "utf-8-sig" if line_no == 1 else "utf-8"
+            try:
+                text = raw.decode(codec)
+            except UnicodeDecodeError:
+                undecodable[0] = True
+                text = raw.decode(codec, "surrogateescape")
+            if text.find("\r", 0, len(text) - 2) >= 0:
+                yield from filter(None, _AFTER_BARE_CR_RE.split(text))
+            else:
+                yield text
+
     def read_csv(self, fh: IO[bytes]) -> None:
-        data = fh.read()
-        try:
-            text, undecodable = data.decode("utf-8-sig"), False
-        except UnicodeDecodeError:  # bad bytes become lone surrogates: rows skipped below
-            text, undecodable = data.decode("utf-8-sig", "surrogateescape"), True
-        reader = csv.reader(io.StringIO(text, newline=""))
+        flag = [False]  # set by csv_lines once a line is not UTF-8
+        reader = csv.reader(self.csv_lines(fh, flag))
         header = next(reader, None)
         keys = [_norm_key(h) for h in header or []]
         if not set(TOKEN_COLUMNS) & set(keys):
@@ -911,7 +976,7 @@ class _Reader:
             if len(row) != len(keys):
                 self.skip(reader.line_num, "", f"row has {len(row)} fields, header {len(keys)}")
                 continue
-            bad = undecodable and next(((k, found) for k, cell in zip(keys, row, strict=True)
+            bad = flag[0] and next(((k, found) for k, cell in zip(keys, row, strict=True)
                                         if (found := UNDECODABLE_RE.search(cell))), None)
             if bad:
                 self.skip(reader.line_num, "", f"not UTF-8 text (byte "
@@ -966,21 +1031,26 @@ def _read_one(reader: _Reader, path: Path, fmt: ExportFormat) -> None:
 
 
 def read_claude_code(paths: str | Path | Iterable[str | Path], *, fmt: ExportFormat = "auto",
-                     signal: Signal = "auto", strict: bool = False) -> ClaudeCodeTelemetry:
+                     signal: Signal = "auto", strict: bool = False,
+                     max_line_bytes: int = MAX_LINE_BYTES) -> ClaudeCodeTelemetry:
     """Read Claude Code telemetry exports (OTLP JSON lines, Loki response or CSV; gzip ok).
 
     `signal` picks which counts make the frame: "logs" (api_request events), "metrics"
     (token.usage), "both" (summed: only for exports where each signal covers different
     traffic), or "auto": logs when there are any, else metrics. Raises
     `NoUsableRecordsError` naming a file with nothing usable, and with `strict=True`
-    `TelemetryFormatError` at the first unusable record.
+    `TelemetryFormatError` at the first unusable record. `max_line_bytes` bounds a line
+    (and a document spread over lines); a longer one is such an unusable record.
     """
     path_list = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
     if not path_list:
         raise ValueError("no export file given")
     if signal not in ("auto", "logs", "metrics", "both"):
         raise ValueError(f"unknown signal {signal!r}; use auto, logs, metrics or both")
-    reader = _Reader(strict)
+    if isinstance(max_line_bytes, bool) or not isinstance(max_line_bytes, int) \
+            or max_line_bytes < 1:
+        raise ValueError(f"max_line_bytes must be an integer >= 1, got {max_line_bytes!r}")
+    reader = _Reader(strict, max_line_bytes)
     for path in path_list:
         _read_one(reader, path, fmt)
     metric_rows = _metric_rows(reader.points)

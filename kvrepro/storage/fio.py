@@ -13,9 +13,24 @@ Targets are protected:
 * an existing regular file is refused unless `allow_existing=True`, a block device unless
   `allow_block_device=True` (a write point would overwrite what is on them);
 * files the bench creates are written once in full (so reads hit real blocks, not holes
-  that the file system answers without touching the drive), listed in
-  `<run_dir>/created_files.json` as soon as they exist, and only those are removed by
+  that the file system answers without touching the drive), and only those are removed by
   `cleanup()` (also on leaving a `with` block).
+
+What `cleanup()` may delete is proven, not read back from disk. Each file the bench creates
+(`O_CREAT | O_EXCL`) is recorded in memory with its device, inode, size and mtime, and the
+bench keeps the creating descriptor open until cleanup, so that inode cannot be freed and its
+number handed to another file. After each fio call (the fill, every point) the size and mtime
+are taken again from that descriptor: the state after the driver's last write. A file is
+removed only if it is in this bench's own record, the path is still a regular file with the
+recorded (st_dev, st_ino), and its size and mtime are still those after the driver's last
+write; anything else (replaced, turned into a symlink, written by someone else since, an
+unlink that fails) is skipped, named in a `FioCleanupWarning` and in `cleanup_skipped`, and
+the rest are still removed.
+
+`<run_dir>/created_files.json` lists the record for people (written atomically as files are
+created and after cleanup, then holding only what was left behind). It is never read to
+decide a deletion: a reused run folder whose manifest lists files this bench did not create
+(another run's leftovers, or a forged list) is refused with `RefusedFolder`, naming them.
 
 Errors say what to do: `FioNotFoundError` (how to install fio), `FioError` (fio's own error
 text quoted), `FioTargetError` (refused or unwritable target, naming the path).
@@ -30,6 +45,7 @@ import stat
 import subprocess
 import sys
 import uuid
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +55,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm.auto import tqdm
 
+from kvrepro._paths import RefusedFolder
 from kvrepro.storage import parse
 
 KIB = 1024
@@ -64,6 +81,10 @@ class FioNotFoundError(FileNotFoundError):
 
 class FioTargetError(ValueError):
     """A target the bench refuses to use, or cannot create."""
+
+
+class FioCleanupWarning(UserWarning):
+    """`FioBench.cleanup()` left a file it created in place (why: in the message)."""
 
 
 # --------------------------------------------------------------------------- fio itself
@@ -218,6 +239,25 @@ def run_fio(job_text: str, run_dir: str | Path, name: str, fio_path: str = "fio"
     return FioRun(name, job_path, json_path, report, lat_log_prefix)
 
 
+def _absolute(path: Path) -> Path:
+    """`path` made absolute without following links (the record's key: a link planted in
+    its place later must not be taken for the file)."""
+    return Path(os.path.abspath(path))
+
+
+def _manifest_paths(manifest: Path) -> list[Path]:
+    """The paths a `created_files.json` lists (entries as path strings, the older format,
+    or objects with a "path"); ValueError if it is not such a list."""
+    data = json.loads(manifest.read_text())
+    entries = data.get("created") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise ValueError("no 'created' list")
+    paths = [e.get("path") if isinstance(e, dict) else e for e in entries]
+    if not all(isinstance(p, str) for p in paths):
+        raise ValueError("an entry without a path")
+    return [_absolute(Path(p)) for p in paths]
+
+
 def _report_or_none(json_path: Path) -> dict[str, Any] | None:
     if not json_path.is_file():
         return None
@@ -230,12 +270,33 @@ def _report_or_none(json_path: Path) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- the bench
 
 
+@dataclass(frozen=True)
+class CreatedFile:
+    """A file the bench created: which inode it is, and its size and mtime after the
+    driver's last write (what `cleanup()` checks before removing it)."""
+
+    path: Path
+    device: int
+    inode: int
+    size_bytes: int
+    mtime_ns: int
+
+    @classmethod
+    def from_stat(cls, path: Path, st: os.stat_result) -> CreatedFile:
+        return cls(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": str(self.path), "device": self.device, "inode": self.inode,
+                "size_bytes": self.size_bytes, "mtime_ns": self.mtime_ns}
+
+
 @dataclass
 class FioBench:
     """Targets prepared for fio, a run directory, and cleanup of what the bench created.
 
     Use as a context manager (`with FioBench([...], run_dir, size) as bench:`), or call
-    `prepare()` and `cleanup()` yourself.
+    `prepare()` and `cleanup()` yourself. After `cleanup()`, `cleanup_skipped` holds
+    (path, reason) for each created file it did not remove.
     """
 
     targets: Sequence[str | Path]
@@ -247,6 +308,9 @@ class FioBench:
     fill_block_size_bytes: int = 1 * MIB
     max_buffer_bytes: int = 2 * GIB
     paths: list[Path] = field(default_factory=list)
+    cleanup_skipped: list[tuple[Path, str]] = field(default_factory=list, init=False)
+    _created: dict[Path, CreatedFile] = field(default_factory=dict, init=False, repr=False)
+    _handles: dict[Path, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -270,6 +334,7 @@ class FioBench:
         """Check every target, create (and fill) the bench's own files; return the paths."""
         find_fio(self.fio_path)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._refuse_foreign_manifest()
         self.paths = []
         try:
             for i, target in enumerate(self.targets):
@@ -283,6 +348,32 @@ class FioBench:
             raise
         return self.paths
 
+    def _refuse_foreign_manifest(self) -> None:
+        """RefusedFolder if the run folder's manifest lists files this bench did not create.
+
+        Why refuse rather than overwrite: such a list is another run's record of files it
+        left behind (or a forged one); it must never lead to a deletion, and overwriting it
+        would lose the only note of what to clean up by hand.
+        """
+        manifest = self.run_dir / MANIFEST
+        try:
+            st = os.lstat(manifest)
+        except FileNotFoundError:
+            return
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError("not a regular file")
+            listed = _manifest_paths(manifest)
+        except (OSError, ValueError) as err:
+            raise RefusedFolder(f"{manifest}: cannot be read as this package's list of created "
+                                f"files ({err}); remove it or use another run_dir") from err
+        foreign = [p for p in listed if p not in self._created]
+        if foreign:
+            raise RefusedFolder(f"{manifest} lists {len(foreign)} file(s) this run did not "
+                                f"create ({', '.join(map(str, foreign[:3]))}); kvrepro will not "
+                                "delete or reuse them: check and remove them yourself and "
+                                "delete the manifest, or use another run_dir")
+
     def _resolve(self, target: Path, index: int) -> tuple[Path, bool]:
         """(the path fio will use, whether the bench must create it)."""
         if is_block_device(target):
@@ -294,7 +385,7 @@ class FioBench:
         if target.is_dir():
             return target / f"kvrepro-fio-{index}-{uuid.uuid4().hex[:8]}.dat", True
         if target.exists():
-            if target.resolve() in self.created() or self.allow_existing:
+            if self._why_not_own(_absolute(target)) is None or self.allow_existing:
                 return target, False
             raise FioTargetError(f"target {target} is an existing file kvrepro did not create; "
                                  "pass allow_existing=True to let fio read and write it")
@@ -306,8 +397,18 @@ class FioBench:
         except OSError as err:
             raise FioTargetError(f"cannot create fio target {path}: {err.strerror} "
                                  f"(is {path.parent} a writable directory?)") from err
-        os.close(fd)
-        self._record(path)
+        key = _absolute(path)
+        self._handles[key] = fd  # held open: the inode cannot be freed and reused
+        self._created[key] = CreatedFile.from_stat(key, os.fstat(fd))
+        self._write_manifest()
+        # full length before fio sees it: fio "lays out" (unlinks and recreates) a file
+        # shorter than its job's size, and a recreated file is a new inode, not the one recorded
+        try:
+            os.ftruncate(fd, self.size_bytes)
+        except OSError as err:
+            raise FioTargetError(f"cannot size fio target {path} to {self.size_bytes} B: "
+                                 f"{err.strerror}") from err
+        self._restamp()
 
     def _fill(self, path: Path, index: int) -> None:
         """Write the whole file once (fio, sequential, direct) so reads hit real blocks."""
@@ -315,30 +416,109 @@ class FioBench:
                          engine="libaio" if sys.platform.startswith("linux") else "psync",
                          runtime_s=None, io_size_bytes=self.size_bytes)
         text = build_job_file(point, [path], self.size_bytes)
-        run_fio(text, self.run_dir, f"fill-target{index}", self.fio_path)
+        try:
+            run_fio(text, self.run_dir, f"fill-target{index}", self.fio_path)
+        finally:
+            self._restamp()
+
+    def _restamp(self) -> None:
+        """Size and mtime of every created file after the driver's fio call, read from the
+        descriptor the bench holds (so from its own inode, whatever the path names now)."""
+        for key, fd in self._handles.items():
+            self._created[key] = CreatedFile.from_stat(key, os.fstat(fd))
+        self._write_manifest()
 
     def created(self) -> list[Path]:
-        """Files this run directory's manifest says the bench created (and not yet removed)."""
-        manifest = self.run_dir / MANIFEST
-        if not manifest.is_file():
-            return []
-        return [Path(p) for p in json.loads(manifest.read_text())["created"]]
+        """Files this bench created and has not removed yet (its own record, not the
+        manifest on disk)."""
+        return list(self._created)
 
-    def _record(self, path: Path) -> None:
-        listed = self.created() + [path.resolve()]
-        (self.run_dir / MANIFEST).write_text(json.dumps({"created": [str(p) for p in listed]},
-                                                        indent=1))
+    def _write_manifest(self, left: dict[Path, str] | None = None) -> None:
+        """The record as `created_files.json`, replaced atomically (a unique temporary name,
+        then a rename: a symlink planted at the manifest's name is replaced, not followed)."""
+        if left is None:
+            entries = [made.to_json() for made in self._created.values()]
+        else:
+            entries = [{**self._created[p].to_json(), "not_removed": why}
+                       for p, why in left.items()]
+        text = json.dumps({"created": entries}, indent=1) if entries else '{"created": []}'
+        tmp = self.run_dir / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.run_dir / MANIFEST)
+
+    def _why_not_own(self, path: Path) -> str | None:
+        """None if `path` is, provably, the file this bench created and last wrote; else why
+        not (the reason `cleanup()` reports)."""
+        made = self._created.get(path)
+        if made is None:
+            return "not created by this bench"
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return "no longer there"
+        except OSError as err:
+            return f"cannot be checked ({err.strerror})"
+        if not stat.S_ISREG(st.st_mode):
+            return "no longer a regular file (replaced by a link, folder or device)"
+        if (st.st_dev, st.st_ino) != (made.device, made.inode):
+            return (f"replaced: inode {st.st_dev}:{st.st_ino} is not the bench's "
+                    f"{made.device}:{made.inode}")
+        if (st.st_size, st.st_mtime_ns) != (made.size_bytes, made.mtime_ns):
+            return "written by someone else since the bench's last fio run (size or mtime)"
+        return None
 
     def cleanup(self) -> list[Path]:
-        """Remove the files the bench created (and only those); return what was removed."""
-        removed = []
-        for path in self.created():
-            if path.is_file() and not is_block_device(path):
-                path.unlink()
+        """Remove the files the bench provably created (see the module doc); return what
+        was removed. Each file it cannot prove or cannot remove is skipped, kept in
+        `cleanup_skipped` and named in a FioCleanupWarning; the others are still removed."""
+        removed, left = [], {}
+        for path in list(self._created):
+            why = self._remove(path)
+            if why is None:
                 removed.append(path)
-        if (self.run_dir / MANIFEST).is_file():
-            (self.run_dir / MANIFEST).write_text(json.dumps({"created": []}))
+            else:
+                left[path] = why
+        self.cleanup_skipped = list(left.items())
+        if self._created:  # only a manifest this bench wrote: never another run's
+            self._write_manifest({p: why for p, why in left.items() if why != "no longer there"})
+        self._release()
+        if self.cleanup_skipped:
+            warnings.warn(f"FioBench.cleanup() left {len(left)} file(s) it created: "
+                          + "; ".join(f"{p}: {why}" for p, why in left.items()),
+                          FioCleanupWarning, stacklevel=2)
         return removed
+
+    def _remove(self, path: Path) -> str | None:
+        """Unlink `path` if it is provably the bench's file; else why not.
+
+        The file is first renamed to a unique name beside it and checked again there, so a
+        file put at `path` between the check and the unlink is never the one unlinked (it is
+        put back if that happens)."""
+        why = self._why_not_own(path)
+        if why is not None:
+            return why
+        aside = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.removing")
+        try:
+            os.rename(path, aside)
+            st = os.lstat(aside)
+            made = self._created[path]
+            if (st.st_dev, st.st_ino) == (made.device, made.inode):
+                os.unlink(aside)
+                return None
+            # not ours after all: back under its name, never over one put there since
+            os.link(aside, path, follow_symlinks=False)
+            os.unlink(aside)
+            return "replaced while being removed; left in place"
+        except OSError as err:
+            where = f" (it is at {aside})" if os.path.lexists(aside) else ""
+            return f"could not remove it: {err.strerror}{where}"
+
+    def _release(self) -> None:
+        """Close the held descriptors and forget the record (nothing is provable after)."""
+        for fd in self._handles.values():
+            os.close(fd)
+        self._handles.clear()
+        self._created.clear()
 
     # ---- running
 
@@ -353,7 +533,10 @@ class FioBench:
         name = name or point.name()
         prefix = self.run_dir / f"{name}-log" if point.lat_log else None
         text = build_job_file(point, self.paths, self.size_bytes, prefix)
-        return run_fio(text, self.run_dir, name, self.fio_path, lat_log_prefix=prefix)
+        try:
+            return run_fio(text, self.run_dir, name, self.fio_path, lat_log_prefix=prefix)
+        finally:
+            self._restamp()  # write points change size and mtime: keep the driver's last
 
     def sweep(self, points: Iterable[FioPoint], progress: bool = True) -> pd.DataFrame:
         """Run every point; one summary row each (see `point_summary`).
@@ -482,7 +665,8 @@ def queue_depth_run(bench: FioBench, block_size_bytes: int, iodepth: int, total_
     return events, parse.in_flight(events)
 
 
-__all__ = ["FIO_INSTALL_HINT", "FioBench", "FioError", "FioNotFoundError", "FioPoint",
-           "FioRun", "FioTargetError", "GIB", "KIB", "MIB", "b5_panels", "b5_points",
+__all__ = ["FIO_INSTALL_HINT", "CreatedFile", "FioBench", "FioCleanupWarning", "FioError",
+           "FioNotFoundError", "FioPoint", "FioRun", "FioTargetError", "GIB", "KIB", "MIB",
+           "b5_panels", "b5_points",
            "build_job_file", "chunk_read_times", "find_fio", "fio_version", "is_block_device",
            "point_summary", "queue_depth_run", "run_fio", "size_text"]

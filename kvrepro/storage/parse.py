@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -71,30 +72,63 @@ def fio_json_from_text(text: str, source: str = "fio output") -> dict[str, Any]:
                          f"column {err.colno}); it starts: {text[start:start + 200]!r}") from err
 
 
-def _percentile(block: Mapping[str, Any], pct: float) -> float:
+class _BadField(ValueError):
+    """A field of one job entry that is there but is not a count fio could have written;
+    `parse_fio_json` adds the file and the job to its message."""
+
+
+def _amount(block: Mapping[str, Any], key: str, where: str) -> float:
+    """`block[key]` as a finite number >= 0, else _BadField naming `where.key`.
+
+    Why: every number this table takes from fio (bytes, ms, I/Os, ns, ids, errno) is a
+    count or a duration; a negative, infinite or non-numeric one (a hand-edited or corrupt
+    report) would otherwise come out as a negative or NaN bandwidth without a word.
+    """
+    value = block[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _BadField(f"field '{where}.{key}' is {value!r}, not a number")
+    if not math.isfinite(value) or value < 0:
+        raise _BadField(f"field '{where}.{key}' is {value!r}, not a finite number >= 0")
+    return value
+
+
+def _whole(block: Mapping[str, Any], key: str, where: str) -> int:
+    """`_amount` that must also be a whole number (bytes, I/Os, ids, errno)."""
+    value = _amount(block, key, where)
+    if value != int(value):
+        raise _BadField(f"field '{where}.{key}' is {value!r}, not a whole number")
+    return int(value)
+
+
+def _percentile(block: Mapping[str, Any], pct: float, where: str) -> float:
     """One percentile (ns) of a fio `clat_ns` / `lat_ns` block, NaN if fio did not give it."""
     table = block.get("percentile") or {}
-    value = table.get(f"{pct:.6f}")
-    return float(value) if value is not None else float("nan")
+    key = f"{pct:.6f}"
+    return _amount(table, key, f"{where}.percentile") if key in table else float("nan")
 
 
 def _direction_row(job: Mapping[str, Any], direction: str,
                    options: Mapping[str, Any]) -> dict[str, Any]:
-    stats = job[direction]
-    runtime_ms = float(stats["runtime"])
+    stats, lat, clat = job[direction], job[direction]["lat_ns"], job[direction]["clat_ns"]
+    runtime_ms = float(_amount(stats, "runtime", direction))
+    io_bytes = _whole(stats, "io_bytes", direction)
     row: dict[str, Any] = {
-        "jobname": job["jobname"], "groupid": int(job["groupid"]), "error": int(job["error"]),
-        "direction": direction, "io_bytes": int(stats["io_bytes"]), "runtime_ms": runtime_ms,
-        "bw_bytes_s": stats["io_bytes"] / (runtime_ms / 1e3) if runtime_ms else float("nan"),
-        "fio_bw_bytes_s": float(stats["bw_bytes"]), "iops": float(stats["iops"]),
-        "total_ios": int(stats["total_ios"]), "lat_mean_ns": float(stats["lat_ns"]["mean"]),
-        "lat_min_ns": float(stats["lat_ns"]["min"]), "lat_max_ns": float(stats["lat_ns"]["max"]),
-        "clat_mean_ns": float(stats["clat_ns"]["mean"]),
+        "jobname": job["jobname"], "groupid": _whole(job, "groupid", "job"),
+        "error": _whole(job, "error", "job"), "direction": direction, "io_bytes": io_bytes,
+        "runtime_ms": runtime_ms,
+        "bw_bytes_s": io_bytes / (runtime_ms / 1e3) if runtime_ms else float("nan"),
+        "fio_bw_bytes_s": float(_amount(stats, "bw_bytes", direction)),
+        "iops": float(_amount(stats, "iops", direction)),
+        "total_ios": _whole(stats, "total_ios", direction),
+        "lat_mean_ns": float(_amount(lat, "mean", f"{direction}.lat_ns")),
+        "lat_min_ns": float(_amount(lat, "min", f"{direction}.lat_ns")),
+        "lat_max_ns": float(_amount(lat, "max", f"{direction}.lat_ns")),
+        "clat_mean_ns": float(_amount(clat, "mean", f"{direction}.clat_ns")),
     }
     for pct in PERCENTILES:
         tag = f"{pct:g}".replace(".", "_")
-        row[f"clat_p{tag}_ns"] = _percentile(stats["clat_ns"], pct)
-        row[f"lat_p{tag}_ns"] = _percentile(stats["lat_ns"], pct)
+        row[f"clat_p{tag}_ns"] = _percentile(clat, pct, f"{direction}.clat_ns")
+        row[f"lat_p{tag}_ns"] = _percentile(lat, pct, f"{direction}.lat_ns")
     for key, column in _OPTION_COLUMNS.items():
         row[column] = options.get(key)
     return row
@@ -109,30 +143,39 @@ def parse_fio_json(data: Mapping[str, Any] | str | Path) -> pd.DataFrame:
     bw_bytes_s (io_bytes / runtime), fio_bw_bytes_s (fio's bw_bytes), iops, total_ios,
     lat_{mean,min,max}_ns, clat_mean_ns, clat_p{50,90,99,99_9}_ns, lat_p..._ns (NaN unless
     the job set lat_percentiles), rw, bs, iodepth, numjobs, ioengine, direct, filename.
-    A report without a field this needs raises ValueError naming the file (or "fio report")
-    and the job.
+    A report without a field this needs, with no jobs, with a job entry that has no direction
+    section, or with a negative, infinite or non-numeric count raises ValueError naming the
+    file (or "fio report"), the job (index and name) and the field.
     """
     source = "fio report" if isinstance(data, Mapping) else str(data)
     report = data if isinstance(data, Mapping) else load_fio_json(data)
     if not isinstance(report.get("jobs"), list):
         raise ValueError(f"{source}: not a fio JSON report: no 'jobs' key with a list of jobs")
+    if not report["jobs"]:
+        raise ValueError(f"{source}: fio report lists no jobs ('jobs' is empty)")
     rows = []
     for index, job in enumerate(report["jobs"]):
+        name = job.get("jobname") if isinstance(job, Mapping) else None
         try:
             rows.extend(_job_rows(job, report.get("global options") or {}))
+        except _BadField as err:
+            raise ValueError(f"{source}: job {index} ({name!r}): {err}") from err
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
-            name = job.get("jobname") if isinstance(job, Mapping) else None
             raise ValueError(f"{source}: job {index} ({name!r}): missing or malformed field "
                              f"({type(err).__name__}: {err})") from err
     return pd.DataFrame(rows)
 
 
 def _job_rows(job: Mapping[str, Any], global_options: Mapping[str, Any]) -> list[dict]:
-    """The rows of one job entry (see `parse_fio_json`)."""
+    """The rows of one job entry (see `parse_fio_json`); an entry without any direction
+    section (e.g. `{}`) is an error, not zero rows, so a broken report cannot pass as a
+    job that did nothing."""
+    present = [d for d in DIRECTIONS if d in job]
+    if not present:
+        raise _BadField(f"no {', '.join(DIRECTIONS)} section (an empty or cut job entry)")
     options = {**global_options, **job.get("job options", {})}
-    moved = [d for d in DIRECTIONS if d in job and job[d]["total_ios"] > 0]
-    return [_direction_row(job, direction, options)
-            for direction in moved or [d for d in DIRECTIONS if d in job][:1]]
+    moved = [d for d in present if _whole(job[d], "total_ios", d) > 0]
+    return [_direction_row(job, direction, options) for direction in moved or present[:1]]
 
 
 def fio_errors(data: Mapping[str, Any]) -> list[str]:

@@ -34,6 +34,7 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
+from kvrepro._checks import load_yaml
 from kvrepro.engines.sim.config import SimProfile
 from kvrepro.engines.sim.study_b import B6_GAP_S
 from kvrepro.workload.study_b_workloads import MicrobenchSpec
@@ -193,7 +194,7 @@ def load_flash_profile(path: str | Path) -> MeasuredFlashProfile:
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f"measured flash profile not found: {src}")
-    raw = yaml.safe_load(src.read_text())
+    raw = load_yaml(src.read_text(), str(src))
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise ValueError(f"{src}: not a measured flash profile (expected format: {FORMAT})")
     try:

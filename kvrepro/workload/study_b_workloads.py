@@ -32,6 +32,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro._checks import UNDECODABLE_RE, not_utf8
+from kvrepro._lines import MAX_LINE_BYTES, bounded_lines
 from kvrepro.workload.base import (
     SESSION_COLUMNS,
     TOKEN_SOURCES,
@@ -328,20 +329,21 @@ def _azure_problems(raw: pd.DataFrame) -> pd.Series:
 
 
 def _azure_text(src: Path) -> str:
-    """The CSV's text (plain or .gz), each line that is not UTF-8 replaced by one marked row
-    saying why, so that it is one bad row with its own line number."""
-    with open_bytes(src) as handle:
-        data = handle.read()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
+    """The CSV's text (plain or .gz), read line by line with a bound on each line's length:
+    a line that is not UTF-8, or longer than `MAX_LINE_BYTES`, is replaced by one marked row
+    saying why, so that it is one bad row with its own line number and never held whole."""
     lines = []
-    for raw in data.split(b"\n"):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError as err:
-            lines.append(f"{_UNDECODABLE_ROW}{not_utf8(err)[1]},,")
+    with open_bytes(src) as handle:
+        for _number, raw in bounded_lines(handle, MAX_LINE_BYTES):
+            if raw is None:
+                # no commas in the reason: it is one field of the marked row
+                lines.append(f"{_UNDECODABLE_ROW}line longer than {MAX_LINE_BYTES} bytes "
+                             "(the reader's max_line_bytes limit),,")
+                continue
+            try:
+                lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as err:
+                lines.append(f"{_UNDECODABLE_ROW}{not_utf8(err)[1]},,")
     return "\n".join(lines)
 
 

@@ -17,7 +17,10 @@ Formats (one JSON object per line, plain or gzip):
 Readers return a `ReadResult`: a tidy frame (`arrival_s`, `input_length`, `output_length`,
 `hash_ids` as tuples of int, `line`, plus `chat_id`, `parent_chat_id`, `trace_turn`,
 `request_type` for Qwen-Bailian) and the lines skipped with `strict=False` (a line that is not
-UTF-8 is one of them: lines are decoded one at a time).
+UTF-8 is one of them: lines are decoded one at a time). Lines are read with a bound,
+`max_line_bytes` (default `kvrepro._lines.MAX_LINE_BYTES`): a longer line (a cut file, one
+without newlines) is never held whole; it is an error naming file, line and limit, or with
+`strict=False` a skipped line.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from kvrepro._checks import not_utf8
+from kvrepro._lines import MAX_LINE_BYTES, bounded_lines, line_too_long
 from kvrepro.workload.base import (
     SESSION_COLUMNS,
     TOKEN_SOURCES,
@@ -87,6 +91,11 @@ class Problems:
             raise ValueError(f"{self.path}:{line}: {reason}")
         self.rows.append((line, reason))
 
+    def too_long(self, line: int, max_line_bytes: int) -> None:
+        """A line over the reader's limit; strict, the error is `line_too_long`'s message."""
+        message = line_too_long(self.path, line, max_line_bytes)
+        self.add(line, message.removeprefix(f"{self.path}:{line}: "))
+
     def frame(self) -> pd.DataFrame:
         """The skipped lines as a table with columns `line` and `reason`."""
         return pd.DataFrame(self.rows, columns=["line", "reason"]).astype(
@@ -98,14 +107,19 @@ def open_bytes(path: Path) -> IO[bytes]:
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 
-def _json_lines(path: Path, problems: Problems) -> Iterator[tuple[int, Any]]:
-    """Yield (line number, parsed object) for each non-blank line; a line that is not UTF-8
-    or not JSON goes to problems. Lines are decoded one by one (a text-mode file decodes in
-    chunks, so one bad byte would end the file at an earlier line)."""
+def _json_lines(path: Path, problems: Problems,
+                max_line_bytes: int) -> Iterator[tuple[int, Any]]:
+    """Yield (line number, parsed object) for each non-blank line; a line that is not UTF-8,
+    not JSON or longer than `max_line_bytes` goes to problems. Lines are decoded one by one
+    (a text-mode file decodes in chunks, so one bad byte would end the file at an earlier
+    line), and read with a bound, so one huge line costs at most the bound in memory."""
     line_no = 0
     try:
         with open_bytes(path) as handle:
-            for line_no, raw in enumerate(handle, start=1):
+            for line_no, raw in bounded_lines(handle, max_line_bytes):
+                if raw is None:
+                    problems.too_long(line_no, max_line_bytes)
+                    continue
                 if not raw.strip():
                     continue
                 try:
@@ -168,14 +182,16 @@ def _record_problem(record: Any, fields: tuple[str, ...], block_size: int) -> st
 
 
 def _read_block_trace(path: str | Path, trace_format: TraceFormat, block_size: int,
-                      strict: bool) -> ReadResult:
+                      strict: bool, max_line_bytes: int) -> ReadResult:
     """Parse and check a block-hash trace; shared by both formats."""
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f"trace file not found: {src}")
+    if not _is_int(max_line_bytes) or max_line_bytes < 1:
+        raise ValueError(f"max_line_bytes must be an integer >= 1, got {max_line_bytes!r}")
     problems, fields = Problems(src, strict), _FIELDS[trace_format]
     records, lines = [], []
-    for line_no, record in _json_lines(src, problems):
+    for line_no, record in _json_lines(src, problems, max_line_bytes):
         reason = _record_problem(record, fields, block_size)
         if reason is not None:
             problems.add(line_no, reason)
@@ -205,12 +221,14 @@ def _tidy(raw: pd.DataFrame, trace_format: TraceFormat, lines: list[int]) -> pd.
 
 
 def read_mooncake_trace(path: str | Path, *, strict: bool = True,
-                        block_size: int = MOONCAKE_BLOCK_TOKENS) -> ReadResult:
+                        block_size: int = MOONCAKE_BLOCK_TOKENS,
+                        max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
     """Read a Mooncake trace (JSON Lines, optionally .gz); timestamps (ms) become `arrival_s`.
 
     A malformed, truncated or inconsistent line raises ValueError("file:line: reason", naming
     the field when one is missing or wrong); with `strict=False` it is skipped and listed in
-    `ReadResult.skipped`, and the valid lines are returned.
+    `ReadResult.skipped`, and the valid lines are returned. A line longer than
+    `max_line_bytes` (newline not counted) is such a line; it is read past, never held whole.
 
     The block-count check is exact: ceil(input_length / block_size) == len(hash_ids), no
     tolerance. Every line of the real Mooncake conversation (12,031 lines) and synthetic
@@ -221,26 +239,29 @@ def read_mooncake_trace(path: str | Path, *, strict: bool = True,
     that block's id changes once output fills it: ids change, counts do not; the same rule
     applies there.)
     """
-    return _read_block_trace(path, "mooncake", block_size, strict)
+    return _read_block_trace(path, "mooncake", block_size, strict, max_line_bytes)
 
 
 def read_qwen_bailian_trace(path: str | Path, *, strict: bool = True,
-                            block_size: int = QWEN_BAILIAN_BLOCK_TOKENS) -> ReadResult:
+                            block_size: int = QWEN_BAILIAN_BLOCK_TOKENS,
+                            max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
     """Read a Qwen-Bailian trace; keeps `chat_id`, `parent_chat_id`, `trace_turn`, `request_type`.
 
-    Errors and `strict` behave as in `read_mooncake_trace`.
+    Errors, `strict` and `max_line_bytes` behave as in `read_mooncake_trace`.
     """
-    return _read_block_trace(path, "qwen_bailian", block_size, strict)
+    return _read_block_trace(path, "qwen_bailian", block_size, strict, max_line_bytes)
 
 
 def read_block_trace(path: str | Path, trace_format: TraceFormat, *, strict: bool = True,
-                     block_size: int | None = None) -> ReadResult:
+                     block_size: int | None = None,
+                     max_line_bytes: int = MAX_LINE_BYTES) -> ReadResult:
     """Read either format by name, with the format's own block size unless one is given."""
     if trace_format not in _FIELDS:
         raise ValueError(f"unknown trace format {trace_format!r} (parameter 'trace_format'); "
                          f"known: {sorted(_FIELDS)}")
     default = MOONCAKE_BLOCK_TOKENS if trace_format == "mooncake" else QWEN_BAILIAN_BLOCK_TOKENS
-    return _read_block_trace(path, trace_format, block_size or default, strict)
+    return _read_block_trace(path, trace_format, block_size or default, strict,
+                             max_line_bytes)
 
 
 # --------------------------------------------------------------------------- token source
