@@ -318,3 +318,30 @@ def test_a_grandchild_that_left_the_group_is_killed_a_bystander_is_not(
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_a_semaphore_no_sample_saw_is_removed_by_the_ledger(tmp_path: Path) -> None:
+    """A multiprocessing semaphore (`sem.mp-*`) of a server SIGKILLed before any sample:
+    the creating process wrote it into the run's ledger, so the run removes it; a
+    bystander's semaphore made at the same time stays."""
+    script = ("import multiprocessing as mp, sys, time; lock = mp.get_context('spawn').Lock(); "
+              "print(lock._semlock.name, flush=True); time.sleep(120)")
+    shm = SharedMemory()
+    env = shm.environment(dict(os.environ), tmp_path)
+    server = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    bystander = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                 text=True)
+    try:
+        mine = "sem." + server.stdout.readline().strip().lstrip("/")
+        theirs = "sem." + bystander.stdout.readline().strip().lstrip("/")
+        server.kill()
+        server.wait()
+        assert (SHM_DIR / mine).exists()  # killed: nothing unlinked it
+        assert shm.cleanup() == [mine]
+        assert not (SHM_DIR / mine).exists() and (SHM_DIR / theirs).exists()
+    finally:
+        bystander.kill()
+        bystander.wait()
+        for name in (mine, theirs):  # the test's own two semaphores, by their exact names
+            (SHM_DIR / name).unlink(missing_ok=True)

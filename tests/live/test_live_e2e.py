@@ -140,6 +140,7 @@ def test_server_killed_mid_run(tiers, tmp_path) -> None:
 
     tier = tiers["large-kv"].model_copy(update={"port": 8431})
     errors: list[BaseException] = []
+    shm_before = {p.name for p in Path("/dev/shm").iterdir()}
 
     def target() -> None:
         try:
@@ -166,6 +167,9 @@ def test_server_killed_mid_run(tiers, tmp_path) -> None:
     assert len(run.records.query("error == ''")) >= 10
     assert run.meta["status"].startswith("failed: ServerError")
     assert server_pids(tier.port) == []
+    # killed from outside, vLLM unlinked nothing: the run removed its psm_ segments (seen in
+    # its processes' maps) and its sem.mp-* semaphores (in the ledger its processes wrote)
+    assert not {p.name for p in Path("/dev/shm").iterdir()} - shm_before
 
 
 def test_port_in_use(tiers, tmp_path) -> None:

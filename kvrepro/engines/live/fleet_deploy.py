@@ -184,7 +184,8 @@ class LMCachePool:
         command = lmcache_server_command(self.tier, self.python)
         (self.run_dir / "lmcache_command.txt").write_text(format_command(command) + "\n")
         (self.run_dir / "tier.json").write_text(self.tier.model_dump_json(indent=2))
-        env = {**os.environ, **self.tier.env, "LMCACHE_DISABLE_BANNER": "1"}
+        env = self.shm.environment({**os.environ, **self.tier.env,
+                                    "LMCACHE_DISABLE_BANNER": "1"}, self.run_dir)
         self.process = ManagedProcess("shared LMCache server", command,
                                       self.run_dir / "lmcache_server.log", env,
                                       f"{self.url}/healthcheck")

@@ -7,9 +7,11 @@ user, a container sharing the host's `/dev/shm`) put things with the same names 
 places, so a name or a before/after listing never proves ownership. What does:
 
 * a segment: seen in the memory maps or open files of one of the run's own processes while
-  they ran (`SharedMemory.sample`, called by a `Watcher` every second), with the inode they had
-  open, owned by this user. At the end it is removed only if its name still has that inode
-  and no live process holds it;
+  they ran (`SharedMemory.sample`, called by a `Watcher` every second), or written into the
+  run's ledger by the process that created it (`shm_ledger/sitecustomize.py` on the servers'
+  PYTHONPATH: a multiprocessing semaphore is often mapped by no process, so no sample sees
+  it), with its inode, owned by this user. At the end it is removed only if its name still
+  has that inode and no live process holds it;
 * a chunk file: new in a flash folder this run holds an exclusive lock on (`DiskFolder`),
   owned by this user, named as LMCache names its files, and unchanged (inode, mtime) since the
   run's processes stopped. A folder that contains the run folder, or that belongs to another
@@ -23,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import os
 import stat
+import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ from kvrepro._paths import RefusedFolder
 from kvrepro.engines.live.processes import ServerError
 
 SHM_DIR = Path("/dev/shm")
+LEDGER_ENV = "KVREPRO_SHM_LEDGER"
+LEDGER_PATH_DIR = Path(__file__).resolve().parent / "shm_ledger"
 LMCACHE_FILE_SUFFIXES = (".data", ".tmp", ".pt")
 """The files LMCache writes into a flash folder: `fs_native` chunks (`<key>.data`, written
 through `.tmp`, as its extension's strings show) and the in-process disk backend's `<key>.pt`."""
@@ -89,15 +94,37 @@ class SharedMemory:
 
     def __init__(self, shm_dir: Path = SHM_DIR) -> None:
         self.dir = shm_dir
+        self.ledger: Path | None = None
         self.seen: dict[str, int] = {}  # name -> inode the run's processes had
         self.problems: list[str] = []
         self._lock = threading.Lock()
+
+    def environment(self, env: dict[str, str], run_dir: Path) -> dict[str, str]:
+        """`env` for the run's server processes: their Python writes what it creates into a
+        new ledger file of this run's (`shm_created.<random>.txt` in `run_dir`)."""
+        if self.ledger is None:
+            fd, name = tempfile.mkstemp(prefix="shm_created.", suffix=".txt", dir=run_dir)
+            os.close(fd)
+            self.ledger = Path(name)
+        path = os.pathsep.join(p for p in (str(LEDGER_PATH_DIR), env.get("PYTHONPATH")) if p)
+        return {**env, "PYTHONPATH": path, LEDGER_ENV: str(self.ledger.resolve())}
+
+    def _ledger_entries(self) -> set[tuple[str, int]]:
+        """(name, inode) of each segment the run's processes wrote into the ledger."""
+        if self.ledger is None or not self.ledger.is_file():
+            return set()
+        entries = set()
+        for line in self.ledger.read_text(errors="replace").splitlines():
+            name, _, inode = line.rpartition(" ")
+            if name and "/" not in name and inode.isdigit():
+                entries.add((name, int(inode)))
+        return entries
 
     def sample(self, pids: Iterable[int]) -> None:
         """Record the segments `pids` (the run's processes) hold now that belong to this
         user; call it while they run (a segment is proven the run's only by being seen)."""
         uid = os.geteuid()
-        found = held_segments(pids)
+        found = held_segments(pids) | self._ledger_entries()
         with self._lock:
             for name, inode in found:
                 if name in self.seen:
@@ -112,6 +139,7 @@ class SharedMemory:
     def cleanup(self) -> list[str]:
         """Remove the recorded segments that still carry their inode and that no live process
         holds (call it after the run's processes exited); the names removed."""
+        self.sample(())  # what the ledger gained since the last sample
         with self._lock:
             held = held_segments(_all_pids())
             removed = []

@@ -144,6 +144,7 @@ class VllmServer(StartedOnEnter):
                               f"(tier {self.tier.name!r}: set another 'port')")
         command, env = self._prepare()
         self.shm = SharedMemory()
+        env = self.shm.environment(env, self.run_dir)
         if self.disk is not None:
             self.disk.prepare()
         self.watcher = Watcher(self._sample)
