@@ -16,14 +16,12 @@ Times are seconds since the run's start (`send_s`, `first_token_s`, `finish_s`).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
 import platform
 import sys
 import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
@@ -34,6 +32,7 @@ import pandas as pd
 
 from kvrepro._checks import not_utf8, require_columns
 from kvrepro._lines import MAX_LINE_BYTES, bounded_lines, line_too_long
+from kvrepro._locks import FolderLock
 from kvrepro._paths import RefusedFolder
 
 RECORD_COLUMNS: dict[str, str] = {
@@ -86,47 +85,27 @@ RUN_FILES = ("records.jsonl", "samples.jsonl", "meta.json")
 """What makes a folder a run folder (and one that a new run must not write into)."""
 
 LOCK_NAME = ".writer.lock"
-"""The file a run's one writer holds an exclusive `flock` on for the run's life (removed at
-close). Why flock and not only O_EXCL: the kernel lets go of it when the writer dies, so a
-killed run neither leaves its folder locked for ever nor needs a guess at whether it is
-dead, and a reader can ask whether a "running" run still has a writer."""
+"""The file a run's one writer holds locked for the run's life (`kvrepro._locks`; removed at
+close)."""
 
 _CLAIM_WAIT_S = 0.5
 """How long a new writer retries a held lock: long enough to outwait a reader's probe
-(`_being_written` holds a shared lock for microseconds), far shorter than any run."""
+(`FolderLock.is_held` holds a shared lock for microseconds), far shorter than any run."""
 
 
-def _locked(fd: int, path: Path) -> bool:
-    """Whether this fd now holds the exclusive lock of `path` itself (not of a lock file that
-    its last holder unlinked at close after we opened it)."""
+def _lock_folder(run_dir: Path) -> FolderLock:
+    """`run_dir`'s writer lock, held; RefusedFolder while another writer holds it (or when
+    the lock cannot be made: a symlink there, another user's file)."""
+    lock = FolderLock(run_dir / LOCK_NAME)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    try:
-        return os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
-
-
-def _lock_folder(run_dir: Path) -> int:
-    """The fd holding `run_dir`'s writer lock; RefusedFolder while another writer holds it
-    (or when the lock cannot be made: a symlink there, another user's file)."""
-    path = run_dir / LOCK_NAME
-    deadline = time.monotonic() + _CLAIM_WAIT_S
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as err:
-            raise RefusedFolder(f"{run_dir}: cannot take its writer lock {path} "
-                                f"({err.strerror})") from err
-        if _locked(fd, path):
-            return fd
-        os.close(fd)
-        if time.monotonic() > deadline:
-            raise RefusedFolder(f"{run_dir} is being written by another run (it holds "
-                                f"{path}): choose a new folder")
-        time.sleep(0.01)
+        other = lock.acquire(f"pid {os.getpid()}\n", wait_s=_CLAIM_WAIT_S)
+    except OSError as err:
+        raise RefusedFolder(f"{run_dir}: cannot take its writer lock {lock.path} "
+                            f"({err.strerror})") from err
+    if other is not None:
+        raise RefusedFolder(f"{run_dir} is being written by another run ({other}; it holds "
+                            f"{lock.path}): choose a new folder")
+    return lock
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -154,7 +133,7 @@ class RunWriter:
                  overwrite: bool = False):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd: int | None = _lock_folder(self.run_dir)
+        self._lock: FolderLock | None = _lock_folder(self.run_dir)
         try:
             self._clear(overwrite)
             self.meta = {**meta, "host": host_info(), "status": "running"}
@@ -200,15 +179,10 @@ class RunWriter:
         _fsync_dir(self.run_dir)
 
     def _release(self) -> None:
-        """Remove the lock file and let go of the lock (unlinked first, while still held,
-        so that no one can take the old lock file after us)."""
-        if self._lock_fd is None:
-            return
-        try:
-            (self.run_dir / LOCK_NAME).unlink(missing_ok=True)
-        finally:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        """Give the folder up (the lock file removed while still held)."""
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
     def _append(self, handle: TextIO, obj: dict[str, Any]) -> None:
         handle.write(json.dumps(obj, default=_json_default, allow_nan=True) + "\n")
@@ -231,7 +205,7 @@ class RunWriter:
     def close(self, status: str = "finished", **extra: Any) -> None:
         """Flush, close the files, record the final status in meta.json and give the folder
         up. A second close does nothing: the folder may already be another writer's."""
-        if self._lock_fd is None:
+        if self._lock is None:
             return
         try:
             for handle in (self._records, self._samples):
@@ -448,28 +422,12 @@ def _status(meta: dict[str, Any]) -> str:
     return status if isinstance(status, str) and status else "unknown"
 
 
-def _being_written(run_dir: Path) -> bool:
-    """Whether a live writer holds `run_dir`'s lock now (probed with a shared lock let go at
-    once; `RunWriter` waits out such a probe rather than refusing the folder)."""
-    try:
-        fd = os.open(run_dir / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def _check_finished(run_dir: Path, status: str, strict: bool, allow_unfinished: bool) -> None:
     """Say so when a run did not finish: a warning; a ValueError (strict, unless
     `allow_unfinished`) for a run left "running" by a writer that is gone (killed)."""
     if status == "finished":
         return
-    if status == "running" and _being_written(run_dir):
+    if status == "running" and FolderLock.is_held(run_dir / LOCK_NAME):
         why = "is still being written: its records so far"
     elif status == "running":
         why = "never closed and has no writer (killed?): its records are real but incomplete"

@@ -32,7 +32,6 @@ fill time of the tier's store): notebook 07's sweep, whose points `whatif_grid` 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib
 import itertools
@@ -54,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from pydantic import ValidationError as _ValidationError
 
 from kvrepro._checks import key_path, load_yaml_model
+from kvrepro._locks import FolderLock
 from kvrepro._paths import RefusedFolder
 
 log = logging.getLogger(__name__)
@@ -225,42 +225,22 @@ def _remove_dead_writers_temp(folder: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _lock_holder(fd: int, wait_s: float = 0.5) -> str:
-    """The pid a lock file's holder wrote (it writes it just after taking the lock: a
-    moment's wait for it), or "unknown"."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        if holder or time.monotonic() > deadline:
-            return holder or "unknown"
-        time.sleep(0.02)
-
-
 @contextmanager
 def _sweep_lock(out: Path) -> Iterator[None]:
-    """Hold `out/.sweep.lock` (an exclusive flock, the holder's pid written in it) while a
+    """Hold `out/.sweep.lock` (`kvrepro._locks`, the holder's pid written in it) while a
     sweep writes `out`: two sweeps on one folder would mix their grids' points under one
-    manifest. The kernel drops the lock when its holder dies: a killed sweep never locks
-    its folder for good. Raises `RefusedFolder` naming the folder and the holder."""
+    manifest. Raises `RefusedFolder` naming the folder and the holder."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    lock = FolderLock(out / LOCK_NAME)
+    other = lock.acquire(f"{os.getpid()}\n")
+    if other is not None:
+        raise RefusedFolder(f"{out}: another sweep (pid {other}) is writing this folder "
+                            f"(it holds {lock.path}); wait for it to finish or use another "
+                            "folder")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _lock_holder(fd)
-            raise RefusedFolder(f"{out}: another sweep (pid {holder}) is writing this folder "
-                                f"(it holds {path}); wait for it to finish or use another "
-                                "folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
+        yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _read_manifest(out: Path) -> dict[str, Any]:

@@ -22,7 +22,6 @@ Each removal that fails is skipped and listed in `problems`; the rest are still 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import stat
 import tempfile
@@ -31,6 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvrepro._locks import FolderLock
 from kvrepro._paths import RefusedFolder
 from kvrepro.engines.live.processes import ServerError
 
@@ -203,7 +203,7 @@ class DiskFolder:
         self.seen: dict[Path, FileId] = {}
         self.created_dirs: list[tuple[Path, int]] = []  # deepest first, with their inodes
         self.problems: list[str] = []
-        self._lock_fd: int | None = None
+        self._lock: FolderLock | None = None
         self._mutex = threading.Lock()
 
     def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
@@ -252,35 +252,24 @@ class DiskFolder:
             raise
 
     def _take_lock(self) -> None:
-        """Hold `<folder>/.kvrepro-flash.lock` (flock, released by the kernel if the run dies):
-        a second run on the same folder is refused instead of mixing its files in."""
-        lock_path = self.path / LOCK_NAME
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        """Hold `<folder>/.kvrepro-flash.lock` (`kvrepro._locks`): a second run on the same
+        folder is refused instead of mixing its files in."""
+        lock = FolderLock(self.path / LOCK_NAME)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
+            other = lock.acquire(f"pid {os.getpid()}, run {self.run_dir}\n")
+        except OSError as err:
+            raise FolderRefused(f"flash folder {self.path}: cannot take its lock "
+                                f"{lock.path} ({err.strerror})") from err
+        if other is not None:
             raise FolderRefused(f"flash folder {self.path} is in use by another run "
-                                f"({holder or 'unknown holder'}); choose another path") from None
-        if os.fstat(fd).st_ino != os.stat(lock_path).st_ino:  # the last holder removed it
-            os.close(fd)
-            return self._take_lock()
-        os.ftruncate(fd, 0)
-        os.write(fd, f"pid {os.getpid()}, run {self.run_dir}\n".encode())
-        self._lock_fd = fd
+                                f"({other}); choose another path")
+        self._lock = lock
 
     def _release(self) -> None:
         """Remove and unlock the lock file, then the folders the run made (if empty)."""
-        if self._lock_fd is not None:
-            lock_path = self.path / LOCK_NAME
-            try:
-                if os.stat(lock_path).st_ino == os.fstat(self._lock_fd).st_ino:
-                    lock_path.unlink()
-            except OSError as err:
-                self.problems.append(f"{lock_path}: {err}")
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
         for folder, inode in self.created_dirs:
             self._rmdir_if_empty(folder, inode)
 
