@@ -5,7 +5,7 @@ Usage: .venv/bin/python benchmarks/bench_otlp.py [--size-mb 100] [--repeats 3] [
                                                  [--base PATH]
 
 The export is generated into a temporary folder (deleted afterwards): synthetic weeks of
-Claude Code traffic (`kvrepro.workload.synthetic_claude_code`, seeds 0, 1, ...) appended
+Claude Code traffic (`kvrepro.studies.synthetic_claude_code`, seeds 0, 1, ...) appended
 until the file reaches the size, in the collector file exporter's format with the attributes
 Claude Code sends (~1.4 KB per api_request). Every record is an api_request, the worst case
 for the reader: a real export also holds tool_result and other events, which it only counts.
@@ -44,7 +44,7 @@ PREVIOUS_COMMIT = "e68b3c6"
 def generate(path: Path, size_bytes: int) -> int:
     """Append synthetic weeks (one seed each) to `path` until it holds `size_bytes`;
     returns the number of api_request records written."""
-    from kvrepro.workload import synthetic_claude_code as synth
+    from kvrepro.studies import synthetic_claude_code as synth
 
     records, seed = 0, 0
     with open(path, "w") as out:

@@ -48,7 +48,7 @@ CASES = {  # case -> (file, reader)
 
 def write_otlp_cut(path: Path, size_bytes: int) -> None:
     """OTLP lines of one synthetic week, repeated to `size_bytes`, the first line cut."""
-    from kvrepro.workload import synthetic_claude_code as synth
+    from kvrepro.studies import synthetic_claude_code as synth
 
     spec = synth.SyntheticClaudeCodeSpec(seed=0)
     block = ("\n".join(synth.otlp_log_lines(synth.synthetic_requests(spec), spec))

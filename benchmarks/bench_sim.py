@@ -8,12 +8,12 @@ Usage: .venv/bin/python benchmarks/bench_sim.py [--base PATH] [--repeat 3]
 Cases (each timed from a fresh process, the workload built before the clock starts):
 
 * `campaign`: study A's three-tier campaign as notebook 04 runs it (seed 0, 5400 s, 180 s
-  warm-up, 2.5 sessions/min, the fitted pause `kvrepro.engines.sim.study_a.STUDY_A_PAUSE`,
+  warm-up, 2.5 sessions/min, the fitted pause `kvrepro.studies.study_a.STUDY_A_PAUSE`,
   `data/servers/study_a.yaml`, tiers baseline, dram, flash, through
   `kvrepro.engines.sim.campaign.simulate_campaign`). Goal: >= 5,000 simulated requests/s.
 * `azure`: a replay of the one-hour Azure LLM inference conversation trace
   (`../shared/data/azure/AzureLLMInferenceTrace_conv.csv`, read with
-  `kvrepro.workload.study_b_workloads.read_azure_trace`): every row is a one-turn request
+  `kvrepro.workload.benchmarks.read_azure_trace`): every row is a one-turn request
   (prompt = ContextTokens, output = GeneratedTokens, at least 1) sent at the trace's arrival
   time, on study A's server, GPU only (tier baseline), until every request has finished.
   Goal: >= 10,000 simulated requests/s.
@@ -57,7 +57,7 @@ STUDY_A_WARMUP_S = 180.0
 
 
 def _study_a_workload() -> Any:
-    from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
+    from kvrepro.studies.study_a import STUDY_A_PAUSE
     from kvrepro.workload import AgenticSpec, generate_agentic
 
     return generate_agentic(AgenticSpec(seed=0, duration_s=5400.0, warmup_s=STUDY_A_WARMUP_S,
@@ -70,7 +70,7 @@ def azure_replay_workload(path: Path = AZURE_CONV) -> Any:
     import pandas as pd
 
     from kvrepro.workload.base import SESSION_COLUMNS, TURN_COLUMNS, SeededTokens, Workload
-    from kvrepro.workload.study_b_workloads import read_azure_trace
+    from kvrepro.workload.benchmarks import read_azure_trace
 
     rows = read_azure_trace(path).frame.sort_values("arrival_s", kind="stable")
     n = len(rows)
@@ -112,7 +112,7 @@ def _case(name: str) -> tuple[Callable[[], int], str]:
                 "study A workload, dram tier")
     if name == "fleet":
         from kvrepro.engines.sim.fleet import simulate_fleet
-        from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
+        from kvrepro.studies.study_a import STUDY_A_PAUSE
         from kvrepro.workload import AgenticSpec, generate_agentic
 
         fleet = ROOT / "data" / "fleets" / "study_a_8x.yaml"

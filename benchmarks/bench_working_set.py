@@ -21,7 +21,7 @@ from kvrepro.analysis.block_traces import (
     working_set_by_rule,
     working_set_summary,
 )
-from kvrepro.calc.models import kv_bytes_per_token
+from kvrepro.model_spec import kv_bytes_per_token
 from kvrepro.workload.trace_replay import read_mooncake_trace
 
 DEFAULT_TRACE = (Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kvrepro import reference
 from kvrepro._paths import RefusedFolder
+from kvrepro.studies import reference
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -43,14 +43,14 @@ def _reproduce(args: argparse.Namespace) -> int:
           f"({result.run_dir / 'headline_numbers.csv'}):\n")
     print(reference.format_headlines(result.headlines))
     if not result.headlines.empty:
-        from kvrepro.provenance import KINDS, count_by_kind
+        from kvrepro.studies.provenance import KINDS, count_by_kind
 
         print("\nBy kind (only `predicted` numbers count as reproduced):\n")
         print(count_by_kind(result.headlines).to_string(index=False))
         for kind, meaning in KINDS.items():
             print(f"  {kind:9s} {meaning}")
     if result.validation is not None:
-        from kvrepro.engines.sim.validate import summary_table
+        from kvrepro.calibration.validate import summary_table
 
         print(f"\nDigital twin vs live runs ({result.run_dir / 'validation.csv'}): metrics "
               "within 10 %, median |error|\n")
@@ -199,7 +199,8 @@ def _with_flash_profile(profile: Any, args: argparse.Namespace) -> Any:
     """`--flash-profile FILE`: the measured flash tier (kvrepro.storage) in the named stores."""
     if not args.flash_profile:
         return profile
-    from kvrepro.storage.profile import apply_flash_profile, load_flash_profile
+    from kvrepro.storage.profile import load_flash_profile
+    from kvrepro.studies.flash_profile import apply_flash_profile
 
     return apply_flash_profile(profile, load_flash_profile(args.flash_profile),
                                store=args.flash_store or "flash")

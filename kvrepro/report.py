@@ -2,11 +2,11 @@
 
 A reproduction is read by people who will not run it. The page gathers, for every figure id
 of the two studies (A1..A9, B1..B10), the figure next to its headline numbers and the study's
-values with each number's kind (`kvrepro.provenance.KINDS`) and difference; then the package's
-own figures, the twin's validation table, and provenance (git commit, package versions,
-notebook parameters and seeds, machine, run times). It is self-contained: figures are embedded
-as base64 PNG data URIs, the CSS is inline and nothing is fetched, so the file can be mailed or
-archived and still opens offline. Rendering uses Jinja2 with autoescape (installed with
+values with each number's kind (`kvrepro.studies.provenance.KINDS`) and difference; then
+the package's own figures, the twin's validation table, and provenance (git commit, package
+versions, notebook parameters and seeds, machine, run times). It is self-contained: figures are
+embedded as base64 PNG data URIs, the CSS is inline and nothing is fetched, so the file can be
+mailed or archived and still opens offline. Rendering uses Jinja2 with autoescape (installed with
 Jupyter), so a quantity or error text can never inject markup.
 
 `write_report(run_dir, figures_dir)` also works on an existing run folder, e.g.
@@ -31,8 +31,8 @@ from typing import Any
 
 import pandas as pd
 
-from kvrepro.provenance import KINDS, count_by_kind
-from kvrepro.reference import _fmt as format_number
+from kvrepro.studies.provenance import KINDS, count_by_kind
+from kvrepro.studies.reference import _fmt as format_number
 
 REPORT_HTML = "report.html"
 """The report's file name inside runs/<UTC timestamp>/."""
@@ -181,7 +181,7 @@ def validation_tables(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "validation.csv"
     if not path.is_file():
         return None
-    from kvrepro.engines.sim.validate import summary_table
+    from kvrepro.calibration.validate import summary_table
 
     table = pd.read_csv(path)
     summary = summary_table(table).to_dict("records")

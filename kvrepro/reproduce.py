@@ -29,10 +29,10 @@ import pandas as pd
 import papermill as pm
 from tqdm.auto import tqdm
 
-from kvrepro import reference
 from kvrepro._checks import load_yaml
 from kvrepro._signals import stop_on_signals
 from kvrepro.report import TIMINGS_CSV, write_report
+from kvrepro.studies import reference
 
 
 @dataclass

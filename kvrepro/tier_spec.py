@@ -30,7 +30,7 @@ Each capacity is typed once. What-if questions change it in one place with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -43,16 +43,59 @@ from pydantic import (
 
 from kvrepro._checks import load_yaml_model, validate_model
 from kvrepro._paths import safe_name
-from kvrepro.calc.endurance import normalize_raid_level, raid_write_factor
-from kvrepro.calc.models import ModelSpec, get_model
+from kvrepro.model_spec import ModelSpec, get_model
 
 TINY_MODEL = "kvrepro:tiny"
 
 # What-if aliases: a capacity in GB for every store of that name.
 CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "staging"}
 
+# ---------------------------------------------------------------- RAID layouts
+# Here, below the calculators, because a spec's drive array is checked when it is read:
+# `kvrepro.calc.endurance` (write factors) and `kvrepro.calc.economics` (usable capacity)
+# use these same tables.
+
+_MIN_DRIVES = {"RAID0": 1, "RAID1": 2, "RAID10": 4, "RAID5": 3, "RAID6": 4}
 _RAID_DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
                      "RAID5": lambda n: n - 1, "RAID6": lambda n: n - 2}
+
+
+def normalize_raid_level(raid_level: str | int) -> str:
+    """Accept 10, "10", "raid10" or "RAID10"; reject anything else naming the parameter."""
+    text = str(raid_level).strip().upper()
+    text = text if text.startswith("RAID") else f"RAID{text}"
+    if text not in _MIN_DRIVES:
+        raise ValueError(f"unknown RAID level {raid_level!r} (parameter 'raid_level'); "
+                         f"known: {sorted(_MIN_DRIVES)}")
+    return text
+
+
+def raid_write_factor(raid_level: str | int, n_drives: int) -> float:
+    """Physical bytes written to the drives per byte the host writes.
+
+    RAID0 stripes (1x); RAID1 mirrors to every drive (n x); RAID10 mirrors pairs (2x);
+    RAID5/6 add one/two parity strips per stripe, n/(n-1) and n/(n-2) for full-stripe writes,
+    which is what large sequential KV-chunk writes are.
+    """
+    level = normalize_raid_level(raid_level)
+    if n_drives < _MIN_DRIVES[level] or (level == "RAID10" and n_drives % 2):
+        raise ValueError(f"parameter 'n_drives' = {n_drives} is not valid for {level} "
+                         f"(needs >= {_MIN_DRIVES[level]}{', even' if level == 'RAID10' else ''})")
+    if level == "RAID1":
+        return float(n_drives)
+    if level == "RAID5":
+        return n_drives / (n_drives - 1)
+    if level == "RAID6":
+        return n_drives / (n_drives - 2)
+    return 2.0 if level == "RAID10" else 1.0
+
+
+def raid_data_drives(raid_level: str | int, n_drives: int) -> int:
+    """How many of `n_drives` hold data in the layout (mirrors and parity excluded); a count
+    the layout cannot use is an error (`raid_write_factor`'s check)."""
+    level = normalize_raid_level(raid_level)
+    raid_write_factor(level, n_drives)
+    return _RAID_DATA_DRIVES[level](n_drives)
 
 
 def _tier_name(name: str) -> str:
@@ -70,7 +113,8 @@ class _Strict(BaseModel):
 
 
 class EngineSpec(_Strict):
-    """The vLLM instance as both engines see it: its own KV budget and scheduler limits."""
+    """The vLLM instance as both engines see it: its own KV budget and scheduler limits (the
+    simulator's `ServerProfile` is this plus `TwinRates`)."""
 
     kv_cache_bytes: float = Field(gt=0, description="the engine's own KV budget over the whole "
                                   "tensor-parallel group, bytes (live: --kv-cache-memory-bytes "
@@ -116,11 +160,16 @@ class TwinSpec(TwinRates):
     sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
 
 
+LMCacheMode = Literal["in_process", "multi_process"]
+"""LMCache inside vLLM or as its own server process (`LiveSpec.lmcache_mode`; the simulator's
+`SimTier.lmcache_mode`, which decides what LMCache does asynchronously)."""
+
+
 class LiveSpec(_Strict):
     """How the live engine deploys the server (read only by the live engine)."""
 
     model: str = Field(description="model path, hub name, or kvrepro:tiny (the local tiny Llama)")
-    lmcache_mode: Literal["in_process", "multi_process"] = Field(
+    lmcache_mode: LMCacheMode = Field(
         "in_process", description="LMCache inside vLLM (LMCacheConnectorV1, GPUs only) or as its "
                                   "own `lmcache server` process (LMCacheMPConnector, CPUs too)")
     served_model_name: str | None = None
@@ -238,15 +287,17 @@ class LMCacheFlags(_Strict):
                                   "only; checked against LMCache's own key list)")
 
 
-class TierSpec(_Strict):
-    """A tier: the offload stores below the engine, fastest first, and how LMCache runs them."""
+StoreT = TypeVar("StoreT", bound=StoreModel)
 
-    name: str = Field("", description="filled from the key in ServerSpec.tiers")
-    connector: Literal["lmcache", "native"] = Field("lmcache", description="LMCache, or vLLM's "
-                                                    "own CPU offload (one dram store)")
-    chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
-    stores: list[StoreSpec] = Field(default_factory=list, description="fastest first; empty "
-                                    "for the baseline")
+
+class TierModel(_Strict, Generic[StoreT]):
+    """What a tier is to the spec (`TierSpec`) and to the simulator (`SimTier`) alike: its
+    stores, LMCache's flags, its own KV budget and the twin's connector costs. Both extend
+    this one model, so each setting has one name in the YAML, the spec and the twin."""
+
+    name: str = Field("", description="filled from the key in the server's tiers")
+    stores: list[StoreT] = Field(default_factory=list, description="fastest first; empty "
+                                 "for the baseline")
     lmcache: LMCacheFlags = Field(default_factory=LMCacheFlags)
     kv_cache_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
                                          "if not the server's")
@@ -264,10 +315,22 @@ class TierSpec(_Strict):
                                   "(LMCache writes to every store)")
 
     @model_validator(mode="after")
-    def _consistent(self) -> TierSpec:
+    def _unique_store_names(self) -> TierModel[StoreT]:
         names = [s.name for s in self.stores]
         if len(set(names)) != len(names):
             raise ValueError(f"store names must be unique, got {names}")
+        return self
+
+
+class TierSpec(TierModel[StoreSpec]):
+    """A tier: the offload stores below the engine, fastest first, and how LMCache runs them."""
+
+    connector: Literal["lmcache", "native"] = Field("lmcache", description="LMCache, or vLLM's "
+                                                    "own CPU offload (one dram store)")
+    chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TierSpec:
         kinds = [s.kind for s in self.stores]
         if kinds != sorted(kinds) or kinds.count("dram") > 1 or kinds.count("flash") > 1:
             raise ValueError(f"stores are at most one dram store (L1) then one flash store "

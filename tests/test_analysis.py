@@ -8,7 +8,14 @@ import pytest
 
 from kvrepro import analysis as an
 from kvrepro.records import RECORD_COLUMNS, RunWriter, read_runs
-from kvrepro.reference import load_reference
+from kvrepro.studies.reference import load_reference
+from kvrepro.studies.study_a_headlines import (
+    StudyASettings,
+    study_a_headlines,
+    study_a_rates,
+    study_a_resumes,
+    study_a_ttft,
+)
 
 
 def rec(tier="baseline", send_s=0.0, first_token_s=1.0, finish_s=1.0, prompt_tokens=0,
@@ -210,7 +217,7 @@ def test_late_bins_select_by_bin_centre() -> None:
 def test_sweep_summary_late_level_is_the_late_bins_mean() -> None:
     from types import SimpleNamespace
 
-    from kvrepro.sweep import WhatIfRead, saturation_headlines
+    from kvrepro.studies.whatif import WhatIfRead, saturation_headlines
 
     # one request per 300 s bin over 2700 s (9 bins), first token == finish at the centre:
     # bin i runs at 1 + i + 1/300 tok/s; a 3-bin median of a rising curve keeps every inner
@@ -220,7 +227,7 @@ def test_sweep_summary_late_level_is_the_late_bins_mean() -> None:
             for i in range(9)]
     run = SimpleNamespace(records=frame(rows), samples=pd.DataFrame({"time_s": [0.0]}),
                           meta={"stats": {}})
-    read = WhatIfRead(an.StudyASettings(bin_s=300.0, run_s=2700.0, smooth_bins=3), "")
+    read = WhatIfRead(StudyASettings(bin_s=300.0, run_s=2700.0, smooth_bins=3), "")
     got = saturation_headlines(run, read)
     smoothed = [1 + i + 1 / 300 for i in range(9)]
     smoothed[0], smoothed[-1] = smoothed[0] + 0.5, smoothed[-1] - 0.5  # partial windows
@@ -339,7 +346,7 @@ def three_tiers() -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_study_a_headlines_by_hand(three_tiers) -> None:
     records, samples = three_tiers
-    got = an.study_a_headlines(records, samples, run_s=360, early_window_s=120,
+    got = study_a_headlines(records, samples, run_s=360, early_window_s=120,
                                dram_capacity_bytes=500)
     # totals per bin (tok/s): baseline 11 everywhere; dram 11.1 11 42 31.5 16 16;
     # flash 11 11 31.5 31.5 26.5 26.5. After window = last third = bins 4, 5.
@@ -383,10 +390,10 @@ def test_a5_counts_only_sessions_that_resumed_in_every_tier(three_tiers) -> None
                        is_resume=True, session_id=9)])
     both = pd.concat([records, extra], ignore_index=True)
     assert an.common_resume_sessions(both) == {3, 4}
-    got = an.study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500)
+    got = study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500)
     assert got["A5.resume_max_flash"] == pytest.approx(3.2)
     assert got["A5.resumes"] == 2
-    own = an.study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500,
+    own = study_a_headlines(both, samples, run_s=360, dram_capacity_bytes=500,
                                common_resumes=False)
     assert own["A5.resume_max_flash"] == pytest.approx(50.0)
     assert own["A5.resumes"] == 3
@@ -403,36 +410,36 @@ def test_common_resume_sessions_empty_when_a_tier_has_none(three_tiers) -> None:
 
 def test_study_a_headlines_omits_missing_tiers_and_fill(three_tiers) -> None:
     records, samples = three_tiers
-    got = an.study_a_headlines(records[records.tier != "baseline"], samples, run_s=360)
+    got = study_a_headlines(records[records.tier != "baseline"], samples, run_s=360)
     assert not any("baseline" in k or "gain" in k for k in got)
     assert "A2.dram_fill_time" not in got          # no capacity given
     assert got["A2.dram_after"] == pytest.approx(16)
     renamed = records.replace({"tier": {"dram": "cpu-offload"}})
-    got = an.study_a_headlines(renamed, run_s=360, dram="cpu-offload")
+    got = study_a_headlines(renamed, run_s=360, dram="cpu-offload")
     assert got["A2.dram_peak_gain"] == pytest.approx(42 / 11)
-    assert an.study_a_headlines(records.assign(tier="other")) == {}
+    assert study_a_headlines(records.assign(tier="other")) == {}
 
 
 def test_study_a_headlines_smoothing_setting(three_tiers) -> None:
     records, _ = three_tiers
-    settings = an.StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
-    got = an.study_a_headlines(records, settings=settings)
+    settings = StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
+    got = study_a_headlines(records, settings=settings)
     # dram smoothed (mean of 3): bin 2 = (11 + 42 + 31.5) / 3 = 28.2, bin 3 =
     # (42 + 31.5 + 16) / 3 = 29.8 is the peak; the baseline is 11 everywhere.
     assert got["A2.dram_peak_gain"] == pytest.approx(((42 + 31.5 + 16) / 3) / 11)
     with pytest.raises(TypeError):
-        an.study_a_headlines(records, no_such_setting=1)
+        study_a_headlines(records, no_such_setting=1)
 
 
 def test_study_a_headlines_read_the_figures_bins(three_tiers) -> None:
     records, samples = three_tiers
     # 120 s bins merge the 60 s bins in pairs (one request per 60 s bin, all at a point):
     # dram totals (606+60+600+60)/120, (2400+120+1800+90)/120, (900+60+900+60)/120
-    curves = an.study_a_rates(records, run_s=360, bin_s=120)
+    curves = study_a_rates(records, run_s=360, bin_s=120)
     dram = curves[curves.tier == "dram"]
     assert dram.total_tok_s.tolist() == pytest.approx([11.05, 36.75, 16.0])
     assert dram.output_tok_s.tolist() == pytest.approx([1.0, 1.75, 1.0])
-    got = an.study_a_headlines(records, samples, run_s=360, bin_s=120)
+    got = study_a_headlines(records, samples, run_s=360, bin_s=120)
     # late window [240, 360] holds the one bin centred at 300 s
     assert got["A2.dram_peak_gain"] == pytest.approx(36.75 / 11)
     assert got["A2.dram_retained"] == pytest.approx(100 * 16 / 36.75)
@@ -441,29 +448,29 @@ def test_study_a_headlines_read_the_figures_bins(three_tiers) -> None:
     # baseline sends (non-warm-up) 89.6 s (0.4 s), 148 (2.0), 208.8 (1.2), 268.4 (1.6),
     # 327 (3.0): the first half holds only the bin [0, 120), median 0.4
     assert got["A4.baseline_ttft_high"] == pytest.approx(0.4)
-    assert an.study_a_headlines(records, samples, run_s=360)["A4.baseline_ttft_high"] == \
+    assert study_a_headlines(records, samples, run_s=360)["A4.baseline_ttft_high"] == \
         pytest.approx(2.0)
 
 
 def test_study_a_rates_smooth_once_as_the_headlines_do(three_tiers) -> None:
     records, _ = three_tiers
-    settings = an.StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
-    dram = an.study_a_rates(records, settings).query("tier == 'dram'").total_tok_s
+    settings = StudyASettings(run_s=360, smooth_bins=3, smooth="mean")
+    dram = study_a_rates(records, settings).query("tier == 'dram'").total_tok_s
     # centred means of 11.1 11 42 31.5 16 16 with partial windows at the ends
     want = [(11.1 + 11) / 2, (11.1 + 11 + 42) / 3, (11 + 42 + 31.5) / 3,
             (42 + 31.5 + 16) / 3, (31.5 + 16 + 16) / 3, 16.0]
     assert dram.tolist() == pytest.approx(want)
-    assert an.study_a_headlines(records, settings=settings)["A2.dram_after"] == \
+    assert study_a_headlines(records, settings=settings)["A2.dram_after"] == \
         pytest.approx((want[4] + want[5]) / 2)
 
 
 def test_study_a_ttft_and_resumes_leave_out_warm_up(three_tiers) -> None:
     records, _ = three_tiers
-    ttft = an.study_a_ttft(records, run_s=360, bin_s=120)
+    ttft = study_a_ttft(records, run_s=360, bin_s=120)
     base = ttft[ttft.tier == "baseline"]
     assert base.n.tolist() == [1, 2, 2]  # the warm-up turn sent at 21 s is not counted
     assert base.ttft_median_s.tolist() == pytest.approx([0.4, 1.6, 2.3])
-    resumes = an.study_a_resumes(records).set_index("tier")
+    resumes = study_a_resumes(records).set_index("tier")
     assert resumes.at["flash", "normal_ttft_median_s"] == pytest.approx(0.6)
     assert resumes.at["baseline", "n_resumes"] == 2
 

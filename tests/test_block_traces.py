@@ -13,7 +13,7 @@ import pytest
 from kvrepro.analysis import block_traces as blocks
 from kvrepro.calc import endurance
 from kvrepro.plots import block_trace_figures as bplots
-from kvrepro.workload import synthetic_bailian as bailian
+from kvrepro.studies import synthetic_bailian as bailian
 from kvrepro.workload.trace_replay import read_mooncake_trace, read_qwen_bailian_trace
 
 MOONCAKE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "mooncake"

@@ -25,7 +25,7 @@ from kvrepro.analysis.token_mix import (
     token_mix,
 )
 from kvrepro.plots.token_mix_figures import a1_token_mix, tokenmix_sweep
-from kvrepro.workload import synthetic_claude_code as synth
+from kvrepro.studies import synthetic_claude_code as synth
 
 ROOT = Path(__file__).resolve().parents[1]
 T0_NS = 1_772_409_600_000_000_000  # 2026-03-02 00:00:00 UTC

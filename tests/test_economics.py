@@ -11,11 +11,12 @@ import pytest
 
 from kvrepro.calc import economics as ec
 from kvrepro.calc import roofline
-from kvrepro.calc.models import get_model
 from kvrepro.engines.sim import steptime
 from kvrepro.engines.sim.config import ServerProfile
+from kvrepro.model_spec import get_model
 from kvrepro.plots import economics_figures as efigs
 from kvrepro.reproduce import reproduce
+from kvrepro.studies import economics_quotes as eq
 from tests.conftest import NOTEBOOKS
 
 HEADER = "price_set,item,usd,unit,date,source\n"
@@ -119,7 +120,7 @@ def test_overrides(tmp_path) -> None:
 
 
 def test_raid_capacity() -> None:
-    flash = ec.study_a_tiers()["flash"]
+    flash = eq.study_a_tiers()["flash"]
     assert flash.usable_tb == pytest.approx(51.2)
     assert ec.drives_for(1.7, 12.8, "RAID10") == 4          # RAID10 needs 4 drives at least
     assert ec.drives_for(30, 12.8, "RAID10") == 6           # 3 data drives, mirrored
@@ -183,7 +184,7 @@ def test_tokens_per_dollar_hand_case() -> None:
 
 def test_served_rates_use_the_never_full_tier() -> None:
     binned = _binned({"baseline": [5, 9, 9], "dram": [9, 30, 12], "flash": [9, 25, 27]})
-    assert ec.served_rates(binned) == {"baseline": 9.0, "dram": 27.0, "flash": 27.0}
+    assert eq.served_rates(binned) == {"baseline": 9.0, "dram": 27.0, "flash": 27.0}
 
 
 # ---------------------------------------------------------------- vs TTL
@@ -192,7 +193,7 @@ def test_served_rates_use_the_never_full_tier() -> None:
 def test_break_even_hand_cases() -> None:
     prices = _hand_prices()
     free = HAND_BILL.model_copy(update={"dram_watts_per_gb": 0.0, "drive_watts": 0.0})
-    raid0 = ec.Retention(kv_bytes_per_token=1e5, gpu_kv_bytes=1e9, staging_gb=0, drive_tb=10,
+    raid0 = ec.Retention(kv_bytes_per_token=1e5, kv_cache_bytes=1e9, staging_gb=0, drive_tb=10,
                          raid_level="RAID0")
     # one 10 TB drive at $100/TB = $1,000 = 100 GB of DRAM at $10/GB
     assert ec.break_even_kv_bytes(raid0, free, prices) == pytest.approx(100e9)
@@ -206,7 +207,7 @@ def test_break_even_hand_cases() -> None:
 
 def test_tokens_per_dollar_vs_ttl_and_crossover() -> None:
     prices = _hand_prices()
-    retention = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, gpu_kv_bytes=12e9,
+    retention = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, kv_cache_bytes=12e9,
                              staging_gb=64, drive_tb=10, raid_level="RAID10")
     ttls = np.arange(60, 12_001, 60)                 # 1,000 tok/s x 1e5 B = 0.1 GB per second
     table = ec.tokens_per_dollar_vs_ttl(ttls, {"baseline": 1.0, "dram": 2.0, "flash": 2.0},
@@ -251,7 +252,7 @@ def test_prefill_anatomy_hand_case() -> None:
 
 def test_prefill_anatomy_is_the_simulators_roofline(monkeypatch) -> None:
     server = ServerProfile(model="MiniMax-M2.7-FP8", fp16_tflops=2000, mem_bw_tb_s=6.4, mfu=0.25,
-                           gpu_kv_bytes=80e9)
+                           kv_cache_bytes=80e9)
     # the simulator's step time calls roofline.prefill_time_s itself, not a copy
     assert steptime.prefill_time_s is roofline.prefill_time_s
     lengths = [512, 4096, 15_000]
@@ -280,7 +281,7 @@ def test_b1_study_point_comes_from_the_reference_file() -> None:
 
     with open(data_file("reference", "reference_numbers.csv"), newline="") as handle:
         rows = {row["id"]: row for row in csv.DictReader(handle)}
-    assert ec.study_b1_point() == (float(rows["B1.seq_tokens"]["value"]),
+    assert eq.study_b1_point() == (float(rows["B1.seq_tokens"]["value"]),
                                    float(rows["B1.prefill_ms"]["value"]))
     assert rows["B1.prefill_ms"]["unit"] == "ms" and rows["B1.seq_tokens"]["unit"] == "tokens"
 
@@ -289,12 +290,12 @@ def test_b1_quote_hand_case() -> None:
     qwen, h100 = get_model("Qwen3-14B-BF16"), roofline.get_gpu("H100")
     anatomy = roofline.prefill_anatomy(qwen, h100, [0, 5_000, 15_000], mfu=0.5)
     short = roofline.prefill_anatomy(qwen, h100, [0, 5_000], mfu=0.5)
-    quote = ec.b1_quote({"qwen": anatomy, "short": short}, study_label="qwen").set_index("model")
+    quote = eq.b1_quote({"qwen": anatomy, "short": short}, study_label="qwen").set_index("model")
     # hand values of test_prefill_anatomy_hand_case at 15,000 tokens
     assert quote.at["qwen", "seq_tokens"] == 15_000
     assert quote.at["qwen", "latency_ms"] == pytest.approx(708.74, abs=0.01)
     assert quote.at["qwen", "attention_share"] == pytest.approx(0.17189, abs=1e-5)
-    study_tokens, study_ms = ec.study_b1_point()
+    study_tokens, study_ms = eq.study_b1_point()
     assert study_tokens == 15_000
     assert quote.at["qwen", "rel_diff_pct"] == pytest.approx((708.74 - study_ms) / study_ms * 100,
                                                            abs=0.01)
@@ -302,11 +303,11 @@ def test_b1_quote_hand_case() -> None:
     assert quote.at["short", "latency_ms"] == pytest.approx(
         (2 * 14.8e9 * 5e3 + 2 * 204_800 * 5e3**2) / 756.5e12 * 1e3)
     assert math.isnan(quote.at["short", "study_ms"])  # only the study's configuration
-    assert ec.prefill_at(anatomy, 5_000)["latency_ms"] == quote.at["short", "latency_ms"]
+    assert eq.prefill_at(anatomy, 5_000)["latency_ms"] == quote.at["short", "latency_ms"]
     with pytest.raises(ValueError, match="seq_tokens=7000"):
-        ec.prefill_at(anatomy, 7_000)
+        eq.prefill_at(anatomy, 7_000)
     with pytest.raises(ValueError, match="study_label"):
-        ec.b1_quote({"qwen": anatomy}, study_label="other")
+        eq.b1_quote({"qwen": anatomy}, study_label="other")
 
 
 def test_a9_quote_hand_case() -> None:
@@ -318,19 +319,19 @@ def test_a9_quote_hand_case() -> None:
     per_dollar = ec.tokens_per_dollar(_binned({"baseline": [10_000] * 6,
                                                "dram": [20_000, 30_000, 30_000, 15_000,
                                                         14_000, 16_000]}), costs)
-    late = ec.late_per_dollar(per_dollar)
+    late = eq.late_per_dollar(per_dollar)
     # late window: the last third of 1,800 s, bins centred at 1,350 and 1,650 s
     base_h = 41_000 / 8760 + 2.0 * 0.1                       # 2,000 W (no DRAM watts)
     dram_h = 46_000 / 8760 + 2.0 * 0.1
     assert late.at["dram", "total_tok_s"] == 15_000
     assert late.at["dram", "tok_per_usd_server"] == pytest.approx(15_000 * 3600 / dram_h)
-    raid0 = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, gpu_kv_bytes=1e9,
+    raid0 = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, kv_cache_bytes=1e9,
                          staging_gb=0, drive_tb=10, raid_level="RAID0")
     # one 10 TB drive at $100/TB = 100 GB of DRAM at $10/GB; 100 GB / (1,000 x 1e5 B/s)
     assert ec.break_even_ttl_s(raid0, free, prices) == pytest.approx(1000.0)
-    quote = ec.a9_quote(costs, late, {"server": 900.0, "tier": math.nan}, 1800.0, raid0, free,
+    quote = eq.a9_quote(costs, late, {"server": 900.0, "tier": math.nan}, 1800.0, raid0, free,
                         prices)
-    assert list(quote.columns) == list(ec.QUOTE_COLUMNS)
+    assert list(quote.columns) == list(eq.QUOTE_COLUMNS)
     rows = quote.set_index(["quantity", "tier"]).value
     assert rows[("server cost", "baseline")] == pytest.approx(base_h)
     assert rows[("server cost", "dram")] == pytest.approx(dram_h)
@@ -343,7 +344,7 @@ def test_a9_quote_hand_case() -> None:
     assert rows[("break-even TTL at 1,000 tok/s x 100,000 B/token", "")] == pytest.approx(1000 / 60)
     assert rows[("flash ahead per $ (whole server) for TTLs from", "")] == 30.0
     with pytest.raises(ValueError, match="crossover_s"):
-        ec.a9_quote(costs, late, {"server": 1.0}, 1.0, raid0, free, prices)
+        eq.a9_quote(costs, late, {"server": 1.0}, 1.0, raid0, free, prices)
 
 
 # ---------------------------------------------------------------- figures and notebook

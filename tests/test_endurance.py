@@ -61,7 +61,7 @@ def test_nand_preset_dwpd_is_the_tbw_formula() -> None:
 
 
 def test_b8_c_bound_is_labelled_an_echo() -> None:
-    from kvrepro import reference
+    from kvrepro.studies import reference
 
     table = reference.compare({"B8.cbound_tlc": 14.4, "B8.cbound_slc": 0.29})
     assert set(table.kind) == {"echo"}

@@ -15,11 +15,12 @@ from kvrepro.calc import endurance
 from kvrepro.engines.sim import load_profile
 from kvrepro.engines.sim.config import OffloadTier
 from kvrepro.engines.sim.offload import Channel, read_channel
-from kvrepro.engines.sim.study_b import run_b6, study_b_headlines, study_b_profile
 from kvrepro.plots import storage_figures as sfigs
 from kvrepro.storage import endurance_traffic as et
 from kvrepro.storage import fio
 from kvrepro.storage import profile as sp
+from kvrepro.studies import flash_profile as fp
+from kvrepro.studies.study_b import run_b6, study_b_headlines, study_b_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ROOT / "tests" / "sim" / "profile_small.yaml"
@@ -87,11 +88,11 @@ def test_profile_yaml_round_trip(tmp_path) -> None:
 def test_apply_flash_profile_changes_only_the_flash_store() -> None:
     base = load_profile(SMALL)
     m = _measured()
-    out = sp.apply_flash_profile(base, m)
+    out = fp.apply_flash_profile(base, m)
     before, after = base.model_dump(), out.model_dump()
-    flash_before = before["tiers"]["flash"]["offload"][1]
-    flash_after = after["tiers"]["flash"]["offload"].pop(1)
-    before["tiers"]["flash"]["offload"].pop(1)
+    flash_before = before["tiers"]["flash"]["stores"][1]
+    flash_after = after["tiers"]["flash"]["stores"].pop(1)
+    before["tiers"]["flash"]["stores"].pop(1)
     assert before == after  # every other store, tier and server field unchanged
     changed = {k for k in flash_after if flash_after[k] != flash_before[k]}
     assert changed == set(sp.TIER_FIELDS)
@@ -102,9 +103,9 @@ def test_apply_flash_profile_changes_only_the_flash_store() -> None:
 def test_apply_flash_profile_errors() -> None:
     base = load_profile(SMALL)
     with pytest.raises(ValueError, match="no offload store named \\['nvme'\\]"):
-        sp.apply_flash_profile(base, _measured(), store="nvme")
+        fp.apply_flash_profile(base, _measured(), store="nvme")
     with pytest.raises(ValueError, match="measure again"):
-        sp.apply_flash_profile(base, _measured(chunk=4096 * 256))
+        fp.apply_flash_profile(base, _measured(chunk=4096 * 256))
 
 
 def test_latency_samples_drawn_per_chunk_and_seeded() -> None:
@@ -127,21 +128,21 @@ def test_latency_samples_drawn_per_chunk_and_seeded() -> None:
 def test_studyb_measured_profile_and_b6() -> None:
     study = study_b_profile()
     m = _measured(chunk=256 * 163_840, model="Qwen3-14B-BF16")
-    prof = sp.studyb_measured_profile(study, m)
-    ssd1 = prof.tiers["ssd1"].offload[0]
+    prof = fp.studyb_measured_profile(study, m)
+    ssd1 = prof.tiers["ssd1"].stores[0]
     assert ssd1.read_bw_bytes_s == pytest.approx(1 / (1 / 2e9 + 1 / 13e9))
     assert ssd1.chunk_read_latency_samples_s == m.chunk_read_latency_samples_s
-    assert prof.tiers["ssd4"].offload[0].read_bw_bytes_s > ssd1.read_bw_bytes_s
-    assert prof.tiers["opt"].offload[0].read_bw_bytes_s == 8e9  # min(4 x 2, 13) GB/s
+    assert prof.tiers["ssd4"].stores[0].read_bw_bytes_s > ssd1.read_bw_bytes_s
+    assert prof.tiers["opt"].stores[0].read_bw_bytes_s == 8e9  # min(4 x 2, 13) GB/s
     assert prof.tiers["mem"] == study.tiers["mem"]
     with pytest.raises(RuntimeError, match="not fully served"):  # writes at 0.8 GB/s drop
         run_b6(prof)
-    ready, spec = sp.b6_for_slow_writes(prof)
+    ready, spec = fp.b6_for_slow_writes(prof)
     assert spec.gap_s > 5.0 and spec.round_gap_s == spec.gap_s
-    assert ready.tiers["ssd1"].offload[0].max_write_backlog_s == pytest.approx(spec.gap_s)
+    assert ready.tiers["ssd1"].stores[0].max_write_backlog_s == pytest.approx(spec.gap_s)
     heads = study_b_headlines(run_b6(ready, spec))
     assert heads["B6.untuned_high"] > heads["B6.untuned_low"] > 1.0
-    same, spec = sp.b6_for_slow_writes(study)  # the study's drives keep up: nothing changes
+    same, spec = fp.b6_for_slow_writes(study)  # the study's drives keep up: nothing changes
     assert spec.gap_s == 5.0 and same == study
 
 
@@ -170,7 +171,7 @@ def test_cli_flash_profile(tmp_path, capsys) -> None:
     assert stores["flash"]["read_bw_bytes_s"] == 2.0e9
     assert stores["flash"]["chunk_read_latency_samples_s"] == pytest.approx(
         [1e-4, 2e-4, 3e-4, 4e-4, 0.0])
-    staging = {s.name: s for s in study_a.tiers["flash"].offload}["staging"]
+    staging = {s.name: s for s in study_a.tiers["flash"].stores}["staging"]
     assert stores["staging"] == staging.model_dump(mode="json")  # the other store is kept
 
 

@@ -32,7 +32,7 @@ from kvrepro.analysis.token_mix import (
 )
 from kvrepro.records import RunWriter, read_run
 from kvrepro.storage.parse import parse_fio_json
-from kvrepro.workload.study_b_workloads import read_azure_trace, read_sharegpt
+from kvrepro.workload.benchmarks import read_azure_trace, read_sharegpt
 from kvrepro.workload.trace_replay import read_mooncake_trace, read_qwen_bailian_trace
 
 ROOT = Path(__file__).resolve().parents[1]

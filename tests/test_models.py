@@ -3,7 +3,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kvrepro.calc import models
+from kvrepro import model_spec as models
 
 
 @pytest.mark.parametrize("name, expected", [

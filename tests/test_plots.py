@@ -1,9 +1,9 @@
 import matplotlib.pyplot as plt
 import pytest
 
-from kvrepro.calc import sizing_report
 from kvrepro.plots import save_figure
 from kvrepro.plots import sizing_figures as figs
+from kvrepro.studies import sizing_report
 
 
 @pytest.fixture(scope="module")

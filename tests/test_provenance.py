@@ -1,8 +1,8 @@
 import pandas as pd
 import pytest
 
-from kvrepro import provenance, reference
-from kvrepro.engines.sim.study_a import check_targets, targets_met
+from kvrepro.studies import provenance, reference
+from kvrepro.studies.study_a import check_targets, targets_met
 
 
 def test_registry_names_only_reference_ids_and_known_kinds() -> None:

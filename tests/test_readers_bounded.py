@@ -232,10 +232,10 @@ def test_azure_csv_line_without_newline_is_one_bad_row(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A line past the limit in an Azure CSV is one named bad row, not the whole file in
     memory; the rows after it are still read."""
-    from kvrepro.workload import study_b_workloads
-    from kvrepro.workload.study_b_workloads import read_azure_trace
+    from kvrepro.workload import benchmarks
+    from kvrepro.workload.benchmarks import read_azure_trace
 
-    monkeypatch.setattr(study_b_workloads, "MAX_LINE_BYTES", 1024)
+    monkeypatch.setattr(benchmarks, "MAX_LINE_BYTES", 1024)
     src = tmp_path / "azure.csv"
     src.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n"
                     b"2023-11-16 18:15:46.6805900,374,44\n" + b"9" * 5000 + b"\n"

@@ -1,7 +1,7 @@
 import pandas as pd
 import pytest
 
-from kvrepro import reference
+from kvrepro.studies import reference
 
 
 def test_reference_table_has_every_figure() -> None:

@@ -12,9 +12,10 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import pytest
 
-from kvrepro import cli, reference
+from kvrepro import cli
 from kvrepro._paths import data_file
 from kvrepro.report import STUDY_FIGURES, latest_run_dir, png_data_uri, write_report
+from kvrepro.studies import reference
 from tests.browser import CHROMIUM, NO_CHROMIUM, headless_chromium, png_size
 from tests.conftest import NOTEBOOKS
 

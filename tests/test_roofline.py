@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from kvrepro.calc import roofline
-from kvrepro.calc.models import ModelSpec, get_model
+from kvrepro.model_spec import ModelSpec, get_model
 
 
 def test_prefill_flops_hand_case() -> None:

@@ -1,7 +1,7 @@
 import pytest
 
 from kvrepro.calc import sizing
-from kvrepro.calc.models import kv_bytes_per_token
+from kvrepro.model_spec import kv_bytes_per_token
 
 
 def test_one_hour_at_4200_tok_s() -> None:

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvrepro.workload.base import SeededTokens, Workload, load_workload, save_workload
-from kvrepro.workload.study_b_workloads import (
+from kvrepro.workload.benchmarks import (
     KeyedTokens,
     MacrobenchSpec,
     MicrobenchSpec,

@@ -1,4 +1,5 @@
-"""Sweeps on Ray (kvrepro.sweep, `kvrepro sweep`): one row per point, resumable, failures kept.
+"""Sweeps on Ray (kvrepro.sweep, `kvrepro sweep`): one row per point, resumable, failures kept;
+and the studies' what-if point functions it runs (kvrepro.studies.whatif).
 
 One local Ray session (2 CPUs) is shared by the module: `run_sweep` uses a running session
 as it is, so Ray starts once. The point functions here are cheap and count their calls with
@@ -23,22 +24,25 @@ import pandas as pd
 import pytest
 
 from kvrepro import cli
-from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
-from kvrepro.sweep import (
+from kvrepro.studies.study_a import STUDY_A_PAUSE
+from kvrepro.studies.whatif import (
+    DEFAULT_POINT_FUNCTION,
     configuration_cost,
     default_point,
-    expand_grid,
-    load_grid,
-    pareto_front,
-    point_id,
     point_setup,
-    read_sweep,
-    run_sweep,
-    sweep_folder,
     whatif_grid,
     whatif_point,
     whatif_setup,
     whatif_table,
+)
+from kvrepro.sweep import (
+    expand_grid,
+    load_grid,
+    pareto_front,
+    point_id,
+    read_sweep,
+    run_sweep,
+    sweep_folder,
 )
 
 ray = pytest.importorskip("ray")
@@ -207,20 +211,27 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+DEFAULT_FN = f"point_function: {DEFAULT_POINT_FUNCTION}\n"
+
+
 @pytest.mark.parametrize("text, message", [
-    ("gird: {a: [1]}\n", r"key gird: Extra inputs"),
-    ("grid: {dram_gb: 5}\n", r"key grid\.dram_gb: Input should be a valid list"),
-    ("fixed: {server: study_a, tier: dram}\ngrid: {dram_gbb: [1]}\n",
+    (DEFAULT_FN + "gird: {a: [1]}\n", r"key gird: Extra inputs"),
+    (DEFAULT_FN + "grid: {dram_gb: 5}\n", r"key grid\.dram_gb: Input should be a valid list"),
+    ("grid: {a: [1]}\n", r"key point_function: Field required"),
+    (DEFAULT_FN + "fixed: {server: study_a, tier: dram}\ngrid: {dram_gbb: [1]}\n",
      r"point 0: unknown parameter 'dram_gbb'"),
-    ("fixed: {server: study_a, tier: dram, dram_gb: 1}\ngrid: {dram_gb: [1]}\n",
+    (DEFAULT_FN + "fixed: {server: study_a, tier: dram, dram_gb: 1}\ngrid: {dram_gb: [1]}\n",
      r"parameter\(s\) \['dram_gb'\] are also in 'fixed'"),
-    ("fixed: {server: study_a, tier: dram}\ngrid: {session_rate_per_min: [-1]}\n",
+    (DEFAULT_FN + "fixed: {server: study_a, tier: dram}\ngrid: {session_rate_per_min: [-1]}\n",
      r"point 0: parameter .session_rate_per_min.: Input should be greater than 0"),
-    ("fixed: {server: cpu_tiny, tier: dram, duration_s: 60.0}\npoints: [{seed: 1}]\n",
+    (DEFAULT_FN + "fixed: {server: cpu_tiny, tier: dram, duration_s: 60.0}\n"
+     "points: [{seed: 1}]\n",
      r"point 0: parameter 'warmup_s' \(180 s\) must be below 'duration_s'"),
     ("point_function: kvrepro.sweep:nothing\npoints: [{a: 1}]\n", r"nothing.*not found"),
 ])
 def test_grid_file_errors_name_the_file_and_key(tmp_path, text, message):
+    """Errors name the file and the key; a grid names its point function (the runner has
+    none of its own: what a point means is the caller's)."""
     path = _write(tmp_path, text)
     with pytest.raises(ValueError, match=message) as err:
         load_grid(path)
@@ -230,6 +241,7 @@ def test_grid_file_errors_name_the_file_and_key(tmp_path, text, message):
 def test_shipped_grid_has_48_distinct_valid_points():
     points, fn, spec = load_grid(Path(__file__).parents[1] / "data/sweeps/whatif_48.yaml")
     assert len(points) >= 48 and fn is default_point
+    assert spec.point_function == DEFAULT_POINT_FUNCTION
     assert len({point_id(p) for p in points}) == len(points)
     by_name, _, _ = load_grid("whatif_48")
     assert by_name == points
@@ -244,7 +256,7 @@ def test_cli_sweep_writes_the_table_and_rejects_a_bad_grid(ray_session, tmp_path
     assert list(pd.read_parquet(tmp_path / "out/sweep.parquet").value) == [11, 21]
     assert "2 points" in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
-    bad.write_text("grid: {a: 1}\n")
+    bad.write_text("point_function: tests.test_sweep:counting_point\ngrid: {a: 1}\n")
     assert cli.main(["sweep", str(bad), "--out", str(tmp_path / "out2")]) == 2
     assert f"{bad}: invalid sweep grid: key grid.a" in capsys.readouterr().err
 
@@ -255,7 +267,7 @@ def test_default_point_runs_the_twins_through_ray_and_prices_them(ray_session, t
     points = [{**short, "dram_gb": 0.05}, {**short, "dram_gb": 0.5},
               {**short, "dram_gb": 0.5, "n_servers": 2, "routing": "round_robin",
                "kv_pool": "shared"}]
-    table = run_sweep(points, tmp_path / "sweep", progress=False)
+    table = run_sweep(points, tmp_path / "sweep", point_fn=default_point, progress=False)
     assert list(table.status) == ["ok"] * 3, table.error.tolist()
     for column in ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_share_gpu",
                    "cached_share_dram", "usd_per_h", "tok_per_usd"):

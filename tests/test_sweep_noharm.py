@@ -41,7 +41,8 @@ import json, sys, time
 from pathlib import Path
 
 from kvrepro._paths import RefusedFolder
-from kvrepro.sweep import default_point, run_sweep
+from kvrepro.studies.whatif import default_point
+from kvrepro.sweep import run_sweep
 
 
 def gated_point(point):

@@ -19,6 +19,7 @@ from kvrepro.calc import economics
 from kvrepro.engines.live.server import with_free_ports
 from kvrepro.engines.live.tiers import RUN_DISK_DIR, live_tiers, lmcache_config, server_command
 from kvrepro.engines.sim import load_profile, sim_profile, simulate
+from kvrepro.studies.economics_quotes import study_a_tiers
 from kvrepro.tier_spec import load_server, override_server, shipped_server, with_lmcache_flag
 from kvrepro.workload import AgenticSpec, generate_agentic
 
@@ -46,12 +47,12 @@ def test_every_spec_renders_consistently_for_both_engines_and_the_bill(path: Pat
         tp = int(_flag(cmd, "--tensor-parallel-size"))
         kv_per_gpu = int(_flag(cmd, "--kv-cache-memory-bytes"))
         server = sim.server_for(name)
-        assert kv_per_gpu * tp == pytest.approx(server.gpu_kv_bytes, rel=1e-9), name
+        assert kv_per_gpu * tp == pytest.approx(server.kv_cache_bytes, rel=1e-9), name
         assert int(_flag(cmd, "--max-model-len")) == server.max_model_len
-        assert int(_flag(cmd, "--max-num-batched-tokens")) == server.max_batched_tokens
+        assert int(_flag(cmd, "--max-num-batched-tokens")) == server.max_num_batched_tokens
         assert int(_flag(cmd, "--max-num-seqs")) == server.max_num_seqs
         sim_tier, bill, cfg = sim.tiers[name], bills[name], lmcache_config(live[name])
-        sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.offload}
+        sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.stores}
         assert sim_bytes == {s.name: s.capacity_bytes for s in tier.stores}
         dram = [s for s in tier.stores if s.kind == "dram"]
         flash = [s for s in tier.stores if s.kind == "flash"]
@@ -67,16 +68,16 @@ def test_every_spec_renders_consistently_for_both_engines_and_the_bill(path: Pat
 
 def _check_in_process(cfg: dict, sim_tier, dram: list, flash: list) -> None:
     """LMCache's YAML (GiB) against the simulator's stores and flags."""
-    assert {s.chunk_tokens for s in sim_tier.offload} == {cfg["chunk_size"]}
+    assert {s.chunk_tokens for s in sim_tier.stores} == {cfg["chunk_size"]}
     assert cfg["local_cpu"] is bool(dram)
-    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.offload}
+    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.stores}
     if dram:
         assert sim_bytes[dram[0].name] == pytest.approx(cfg["max_local_cpu_size"] * GIB)
     if flash:
         assert sim_bytes[flash[0].name] == pytest.approx(cfg["max_local_disk_size"] * GIB)
         assert cfg["local_disk"] == f"file://{flash[0].path.rstrip('/')}/"
     assert cfg["enable_async_loading"] is sim_tier.load_async
-    assert cfg["save_decode_cache"] is sim_tier.save_decode_kv
+    assert cfg["save_decode_cache"] is sim_tier.lmcache.save_decode_cache
 
 
 def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
@@ -87,8 +88,8 @@ def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
     from kvrepro.engines.live.tiers import lmcache_server_args
 
     args = check_lmcache_server_args(lmcache_server_args(tier))
-    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.offload}
-    assert {s.chunk_tokens for s in sim_tier.offload} == {args.chunk_size}
+    sim_bytes = {s.name: s.capacity_bytes for s in sim_tier.stores}
+    assert {s.chunk_tokens for s in sim_tier.stores} == {args.chunk_size}
     assert sim_bytes[dram[0].name] == pytest.approx(args.l1_size_gb * GIB)
     assert (args.l2_store_policy == "skip_l1") is sim_tier.skip_l1
     adapters = [json.loads(a) for a in args.l2_adapter]
@@ -100,8 +101,8 @@ def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
     # the multi-process connector answers lookups later and always loads asynchronously
     # (lmcache_mp_connector.get_num_new_matched_tokens); decode KV is not saved by default
     assert sim_tier.load_async is True and sim_tier.lookup_async is True
-    assert sim_tier.save_decode_kv is False
-    assert all(s.async_eviction for s in sim_tier.offload)  # MP's eviction loop
+    assert sim_tier.lmcache.save_decode_cache is False
+    assert all(s.async_eviction for s in sim_tier.stores)  # MP's eviction loop
 
 
 def test_lmcache_defaults_reach_both_engines() -> None:
@@ -112,7 +113,7 @@ def test_lmcache_defaults_reach_both_engines() -> None:
     from kvrepro.engines.live.lmcache_keys import LMCACHE_KEYS
 
     for key, sim_value in (("enable_async_loading", tier.load_async),
-                           ("save_decode_cache", tier.save_decode_kv)):
+                           ("save_decode_cache", tier.lmcache.save_decode_cache)):
         assert LMCACHE_KEYS[key][1] == "False" and cfg[key] is False and sim_value is False
     on = override_server(spec, {"tiers.flash.lmcache.enable_async_loading": True})
     assert lmcache_config(live_tiers(on)["flash"])["enable_async_loading"] is True
@@ -129,15 +130,15 @@ def test_one_flag_on_every_offload_tier() -> None:
 
 def test_dram_gb_what_if_reaches_the_simulator_the_server_and_the_bill() -> None:
     spec = override_server(shipped_server("study_a"), {"dram_gb": 1024})
-    assert sim_profile(spec).tiers["dram"].offload[0].capacity_bytes == 1024e9
+    assert sim_profile(spec).tiers["dram"].stores[0].capacity_bytes == 1024e9
     cfg = lmcache_config(live_tiers(spec)["dram"])
     assert cfg["max_local_cpu_size"] * GIB == pytest.approx(1024e9)
-    assert economics.study_a_tiers(spec)["dram"].dram_gb == pytest.approx(1024)
-    assert economics.study_a_tiers()["dram"].dram_gb == pytest.approx(512)
+    assert study_a_tiers(spec)["dram"].dram_gb == pytest.approx(1024)
+    assert study_a_tiers()["dram"].dram_gb == pytest.approx(512)
     prices = economics.load_prices()
     bill = economics.ServerBill()
-    cost = economics.cost_table(economics.study_a_tiers(spec), bill, prices).set_index("tier")
-    base = economics.cost_table(economics.study_a_tiers(), bill, prices).set_index("tier")
+    cost = economics.cost_table(study_a_tiers(spec), bill, prices).set_index("tier")
+    base = economics.cost_table(study_a_tiers(), bill, prices).set_index("tier")
     assert cost.at["dram", "tier_capex_usd"] == pytest.approx(
         2 * base.at["dram", "tier_capex_usd"])
     assert cost.at["flash", "tier_capex_usd"] == base.at["flash", "tier_capex_usd"]
@@ -209,7 +210,7 @@ def test_native_offload_renders_for_both_engines() -> None:
     cmd = server_command(live, python="python")
     assert _flag(cmd, "--kv-offloading-backend") == "native"
     assert float(_flag(cmd, "--kv-offloading-size")) * GIB == pytest.approx(512e9)
-    assert sim_profile(spec).tiers["dram"].offload[0].capacity_bytes == 512e9
+    assert sim_profile(spec).tiers["dram"].stores[0].capacity_bytes == 512e9
 
 
 def test_tiny_server_renders_the_command_the_shipped_runs_used() -> None:

@@ -15,6 +15,10 @@ more so the longer the context must be kept. This module puts numbers on it for 
 * Tokens per dollar = tok/s x 3,600 / ($/h), for the whole server and for the cache tier alone
   (its own capex and power): per tier and time bin of a run (`tokens_per_dollar`), and vs the
   TTL a tier must retain when it is sized for it (`tokens_per_dollar_vs_ttl`).
+
+Everything here is generic (any server, any run, any prices) and reads no run itself: a
+plateau or a cross-over is passed in. What one study quotes from it (A9's and B1's numbers,
+study A's tiers and served rates) lives with the studies (`economics_quotes`).
 """
 
 from __future__ import annotations
@@ -30,14 +34,19 @@ import numpy as np
 import pandas as pd
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from kvrepro import analysis
 from kvrepro._checks import positive, require_columns
 from kvrepro._paths import data_file
-from kvrepro.calc import endurance, sizing
-from kvrepro.tier_spec import DriveArray, ServerSpec, TierSpec, shipped_server
+from kvrepro.calc import sizing
+from kvrepro.tier_spec import (
+    DriveArray,
+    ServerSpec,
+    TierSpec,
+    normalize_raid_level,
+    raid_data_drives,
+)
 
-# A RAID level as `kvrepro.calc.endurance` names it ("raid10", 10, "RAID 10" -> "RAID10").
-RaidLevel = Annotated[str, AfterValidator(endurance.normalize_raid_level)]
+# A RAID level as `kvrepro.tier_spec` names it ("raid10", 10, "RAID 10" -> "RAID10").
+RaidLevel = Annotated[str, AfterValidator(normalize_raid_level)]
 
 HOURS_PER_YEAR = 8760.0
 DEFAULT_PRICE_SET = "early-2026"
@@ -222,26 +231,14 @@ def server_hardware(spec: ServerSpec, tiers: Sequence[str] | None = None
     return {name: tier_hardware(spec.tier(name)) for name in (tiers or list(spec.tiers))}
 
 
-def study_a_tiers(spec: ServerSpec | None = None) -> dict[str, TierHardware]:
-    """Study A's configurations (baseline, dram, flash) from its server spec, or from `spec`
-    (e.g. a what-if with `override_server(spec, {"dram_gb": 1024})`)."""
-    return server_hardware(spec or shipped_server("study_a"), list(TIER_KINDS))
-
-
-_DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
-                "RAID5": lambda n: n - 1, "RAID6": lambda n: n - 2}
-
-
 def usable_tb(drives: int, drive_tb: float, raid_level: str) -> float:
     """Usable capacity of `drives` drives in a RAID layout (mirrors and parity excluded)."""
-    level = endurance.normalize_raid_level(raid_level)
-    endurance.raid_write_factor(level, drives)  # rejects a count the layout cannot use
-    return _DATA_DRIVES[level](drives) * drive_tb
+    return raid_data_drives(raid_level, drives) * drive_tb
 
 
 def drives_for(kv_tb: float, drive_tb: float, raid_level: str) -> int:
     """Fewest drives whose usable capacity holds `kv_tb` (at least the layout's minimum)."""
-    level = endurance.normalize_raid_level(raid_level)
+    level = normalize_raid_level(raid_level)
     data = max(1, math.ceil(kv_tb / drive_tb - 1e-9))
     if level == "RAID1" and data > 1:
         raise ValueError(f"RAID1 holds one drive ({drive_tb:g} TB), not {kv_tb:.3g} TB")
@@ -325,22 +322,6 @@ def tokens_per_dollar(binned: pd.DataFrame, costs: pd.DataFrame,
     return out
 
 
-def served_rates(binned: pd.DataFrame, column: str = "total_tok_s", never_full: str = "flash",
-                 baseline: str = "baseline") -> dict[str, float]:
-    """What each tier serves when it is sized to hold its sessions' KV, from a run's curves.
-
-    A tier that never fills is that case: in study A's runs, flash (its late plateau, the last
-    third of the run). A DRAM tier big enough to hold the same KV is charged the same rate:
-    study A's own mechanic is that which tier a hit comes from barely changes throughput (A3:
-    DRAM and flash within ~10 % until DRAM fills). The baseline keeps its own late plateau:
-    VRAM never holds the sessions. Pass your own rates to `tokens_per_dollar_vs_ttl` instead
-    to give DRAM an edge.
-    """
-    late = analysis.plateau(binned, column)
-    return {"baseline": float(late[baseline]), "dram": float(late[never_full]),
-            "flash": float(late[never_full])}
-
-
 # ---------------------------------------------------------------- tokens per dollar vs TTL
 
 class Retention(BaseModel):
@@ -351,7 +332,8 @@ class Retention(BaseModel):
     kv_rate_tok_s: float = Field(4200.0, gt=0, description="tokens per second whose KV must "
                                  "be kept (A6: the DRAM tier's moderate operating point)")
     kv_bytes_per_token: float = Field(gt=0, description="KV bytes per token of the model")
-    gpu_kv_bytes: float = Field(gt=0, description="KV the GPUs hold: all the baseline keeps")
+    kv_cache_bytes: float = Field(gt=0, description="KV the GPUs hold: all the baseline keeps "
+                                  "(the server's engine.kv_cache_bytes)")
     staging_gb: float = Field(ge=0, description="DRAM staging in front of the flash, GB (a "
                               "flash tier's dram store: `tier_hardware(tier).dram_gb`)")
     drive_tb: float = Field(12.8, gt=0, description="capacity per flash drive, TB")
@@ -366,7 +348,7 @@ def sized_tier(kind: str, kv_bytes: float, retention: Retention,
     flash: the staging buffer plus whole drives in the RAID layout.
     """
     if kind == "baseline":
-        return TierHardware(name=kind) if kv_bytes <= retention.gpu_kv_bytes else None
+        return TierHardware(name=kind) if kv_bytes <= retention.kv_cache_bytes else None
     if kind == "dram":
         gb = kv_bytes / 1e9
         fits = bill.base_dram_gb + gb <= bill.max_dram_gb
@@ -400,11 +382,11 @@ def tokens_per_dollar_vs_ttl(ttls_s: Sequence[float], served_tok_s: Mapping[str,
                              prices: PriceSet) -> pd.DataFrame:
     """Tokens per dollar of each tier when it is sized to retain each TTL (A9 vs TTL).
 
-    A tier is sized by `sized_tier` and serves `served_tok_s[tier]` (e.g. `served_rates` of a
-    run, or equal rates to compare cost alone). Rows where the tier cannot hold the TTL in one
-    server have `fits` False and NaN costs. Columns: `tier, ttl_s, kv_bytes, tok_s, fits,
-    drives, tier_capex_usd, tier_usd_per_h, server_usd_per_h, tok_per_usd_server,
-    tok_per_usd_tier`.
+    A tier is sized by `sized_tier` and serves `served_tok_s[tier]` (e.g. study A's
+    `served_rates` of a run, or equal rates to compare cost alone). Rows where the tier
+    cannot hold the TTL in one server have `fits` False and NaN costs. Columns: `tier, ttl_s,
+    kv_bytes, tok_s, fits, drives, tier_capex_usd, tier_usd_per_h, server_usd_per_h,
+    tok_per_usd_server, tok_per_usd_tier`.
     """
     if len(ttls_s) == 0:
         raise ValueError("parameter 'ttls_s' is empty")
@@ -475,97 +457,3 @@ def break_even_ttl_s(retention: Retention, bill: ServerBill, prices: PriceSet) -
     token), the same A6 arithmetic `tokens_per_dollar_vs_ttl` sizes tiers with."""
     return break_even_kv_bytes(retention, bill, prices) / (
         retention.kv_rate_tok_s * retention.kv_bytes_per_token)
-
-
-# ---------------------------------------------------------------- numbers to quote (A9, B1)
-
-LATE_PER_DOLLAR_COLUMNS = ("total_tok_s", "tok_per_usd_server", "tok_per_usd_tier")
-QUOTE_COLUMNS = ("quantity", "tier", "value", "unit")
-
-
-def late_per_dollar(per_dollar: pd.DataFrame) -> pd.DataFrame:
-    """Per tier (index): throughput and tokens per dollar late in the run, the plateau over
-    `analysis.late_window` (the package's one "late in the run"). `per_dollar` is
-    `tokens_per_dollar` output."""
-    require_columns(per_dollar, ["tier", "bin_start_s", "bin_end_s",
-                                 *LATE_PER_DOLLAR_COLUMNS], "late_per_dollar")
-    return pd.DataFrame({col: analysis.plateau(per_dollar, col)
-                         for col in LATE_PER_DOLLAR_COLUMNS})
-
-
-def a9_quote(costs: pd.DataFrame, late: pd.DataFrame, crossover_s: Mapping[str, float],
-             cross_ttl_s: float, retention: Retention, bill: ServerBill,
-             prices: PriceSet) -> pd.DataFrame:
-    """A9's numbers to quote, one row each (`QUOTE_COLUMNS`; `tier` empty when a number is
-    not a tier's): each tier's server $/h (`cost_table`) and late tokens per $
-    (`late_per_dollar`), the run's cross-overs (`crossover_s`: "server" / "tier" ->
-    `analysis.crossover_time_s` of the two tokens-per-$ columns, in s), the break-even KV and
-    TTL, and the TTL from which flash stays ahead (`crossover_ttl_s`). Study A gives no
-    numbers for A9, so none is compared."""
-    missing = sorted({"server", "tier"} - set(crossover_s))
-    if missing:
-        raise ValueError(f"parameter 'crossover_s' lacks {missing} (keys: 'server', 'tier')")
-    usd_h = costs.set_index("tier")["server_usd_per_h"]
-    rows = [("server cost", t, float(usd_h[t]), "$/h") for t in usd_h.index]
-    rows += [("tokens per $ late in the run (whole server)", t,
-              float(late.at[t, "tok_per_usd_server"]) / 1e6, "M tok/$") for t in late.index]
-    rate = f"{retention.kv_rate_tok_s:,.0f} tok/s x {retention.kv_bytes_per_token:,.0f} B/token"
-    rows += [("flash overtakes DRAM per $ (whole server) at", "",
-              crossover_s["server"] / 60, "min of run"),
-             ("flash overtakes DRAM per $ (cache tier alone) at", "",
-              crossover_s["tier"] / 60, "min of run"),
-             ("break-even retained KV (flash tier costs no more than DRAM)", "",
-              break_even_kv_bytes(retention, bill, prices) / 1e12, "TB"),
-             (f"break-even TTL at {rate}", "", break_even_ttl_s(retention, bill, prices) / 60,
-              "min"),
-             ("flash ahead per $ (whole server) for TTLs from", "", cross_ttl_s / 60, "min")]
-    return pd.DataFrame(rows, columns=list(QUOTE_COLUMNS))
-
-
-def study_b1_point() -> tuple[float, float]:
-    """(sequence tokens, prefill ms) of study B's B1 point (~600 ms at 15K tokens), read from
-    `data/reference/reference_numbers.csv` (`B1.seq_tokens`, `B1.prefill_ms`). Only ever
-    drawn or compared against: nothing is computed from it."""
-    from kvrepro.reference import load_reference
-
-    ref = load_reference()["value"]
-    return float(ref["B1.seq_tokens"]), float(ref["B1.prefill_ms"])
-
-
-def prefill_at(anatomy: pd.DataFrame, seq_tokens: float | None = None) -> dict[str, float]:
-    """Latency (ms, the parts summed) and attention share of a `roofline.prefill_anatomy`
-    frame at `seq_tokens` (default: its longest sequence); an error if the frame has no
-    row at that length."""
-    require_columns(anatomy, ["seq_tokens", "part", "latency_ms", "share"], "prefill_at")
-    at = float(anatomy["seq_tokens"].max()) if seq_tokens is None else float(seq_tokens)
-    rows = anatomy[anatomy["seq_tokens"] == at].set_index("part")
-    if rows.empty:
-        raise ValueError(f"prefill_at: no row at seq_tokens={at:g} (the anatomy covers "
-                         f"{anatomy['seq_tokens'].min():g}-{anatomy['seq_tokens'].max():g} "
-                         "tokens)")
-    return {"seq_tokens": at, "latency_ms": float(rows["latency_ms"].sum()),
-            "attention_share": float(rows.at["attention", "share"])}
-
-
-def b1_quote(anatomies: Mapping[str, pd.DataFrame], study_label: str) -> pd.DataFrame:
-    """B1's numbers per model (label -> `roofline.prefill_anatomy` frame): prefill latency
-    and attention share at the longest sequence; for `study_label`, the configuration the
-    study's B1 describes (study B's model and GPU), also the latency at the study's point
-    (`study_b1_point`) next to the study's value, with the difference in % (NaN when the
-    anatomy lacks the study's length; other models are not compared). Columns: `model,
-    seq_tokens, latency_ms, attention_share, latency_at_study_ms, study_ms, rel_diff_pct`."""
-    if study_label not in anatomies:
-        raise ValueError(f"parameter 'study_label': {study_label!r} is not one of "
-                         f"{list(anatomies)}")
-    study_tokens, study_ms = study_b1_point()
-    rows = []
-    for label, anatomy in anatomies.items():
-        row = {"model": label, **prefill_at(anatomy), "latency_at_study_ms": math.nan,
-               "study_ms": study_ms if label == study_label else math.nan,
-               "rel_diff_pct": math.nan}
-        if label == study_label and (anatomy["seq_tokens"] == study_tokens).any():
-            at_study = prefill_at(anatomy, study_tokens)["latency_ms"]
-            row.update(latency_at_study_ms=at_study,
-                       rel_diff_pct=(at_study - study_ms) / study_ms * 100)
-        rows.append(row)
-    return pd.DataFrame(rows)

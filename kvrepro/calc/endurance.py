@@ -19,39 +19,9 @@ import pandas as pd
 
 from kvrepro._checks import non_negative, positive
 from kvrepro._paths import data_file
+from kvrepro.tier_spec import normalize_raid_level, raid_write_factor
 
 SECONDS_PER_DAY = 86_400.0
-_MIN_DRIVES = {"RAID0": 1, "RAID1": 2, "RAID10": 4, "RAID5": 3, "RAID6": 4}
-
-
-def normalize_raid_level(raid_level: str | int) -> str:
-    """Accept 10, "10", "raid10" or "RAID10"; reject anything else naming the parameter."""
-    text = str(raid_level).strip().upper()
-    text = text if text.startswith("RAID") else f"RAID{text}"
-    if text not in _MIN_DRIVES:
-        raise ValueError(f"unknown RAID level {raid_level!r} (parameter 'raid_level'); "
-                         f"known: {sorted(_MIN_DRIVES)}")
-    return text
-
-
-def raid_write_factor(raid_level: str | int, n_drives: int) -> float:
-    """Physical bytes written to the drives per byte the host writes.
-
-    RAID0 stripes (1x); RAID1 mirrors to every drive (n x); RAID10 mirrors pairs (2x);
-    RAID5/6 add one/two parity strips per stripe, n/(n-1) and n/(n-2) for full-stripe writes,
-    which is what large sequential KV-chunk writes are.
-    """
-    level = normalize_raid_level(raid_level)
-    if n_drives < _MIN_DRIVES[level] or (level == "RAID10" and n_drives % 2):
-        raise ValueError(f"parameter 'n_drives' = {n_drives} is not valid for {level} "
-                         f"(needs >= {_MIN_DRIVES[level]}{', even' if level == 'RAID10' else ''})")
-    if level == "RAID1":
-        return float(n_drives)
-    if level == "RAID5":
-        return n_drives / (n_drives - 1)
-    if level == "RAID6":
-        return n_drives / (n_drives - 2)
-    return 2.0 if level == "RAID10" else 1.0
 
 
 def dwpd_from_write_rate(write_rate_bytes_s: float, n_drives: int, drive_capacity_bytes: float,

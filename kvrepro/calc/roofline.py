@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvrepro._checks import non_negative, positive
 from kvrepro._paths import data_file
-from kvrepro.calc.models import ModelSpec
+from kvrepro.model_spec import ModelSpec
 
 
 class GpuSpec(BaseModel):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from kvrepro._checks import positive
-from kvrepro.calc.models import ModelSpec, get_model
+from kvrepro.model_spec import ModelSpec, get_model
 
 DEFAULT_TTLS_S: tuple[float, ...] = (300.0, 3600.0)
 

@@ -3,7 +3,7 @@ the flash a shared pool needs against private tiers, its drive writes per day, t
 Pareto view of throughput per dollar against p90 TTFT.
 
 Inputs are the tidy tables of `kvrepro.sweep` (one row per configuration, columns of
-`kvrepro.engines.sim.fleet.fleet_headlines`) and of `kvrepro.engines.sim.fleet_study`.
+`kvrepro.engines.sim.fleet.fleet_headlines`) and of `kvrepro.studies.fleet_study`.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ so the same figure draws a live vLLM run and a simulated one:
 * `a5_returning_users`: `analysis.resume_stats`;
 * `prompt_sources`: `analysis.prompt_tokens_by_source`.
 
-For study A pass `analysis.study_a_rates`, `study_a_ttft` and `study_a_resumes`, with the
-`StudyASettings` its headlines are read with: nothing here bins or smooths, so a figure and
-its headline numbers share one binning and smoothing.
+For study A pass `kvrepro.studies.study_a_headlines`' `study_a_rates`, `study_a_ttft` and
+`study_a_resumes`, with the `StudyASettings` its headlines are read with: nothing here bins
+or smooths, so a figure and its headline numbers share one binning and smoothing.
 
 Time axes are run time in minutes (bin centres), as the study's figures are.
 """

@@ -1,6 +1,6 @@
 """Figures of study B on the simulator: B6 (prompt-caching microbenchmark), B7 (QPS sweep).
 
-Input frames are what `kvrepro.engines.sim.study_b.run_b6` / `run_b7` return; any engine's
+Input frames are what `kvrepro.studies.study_b.run_b6` / `run_b7` return; any engine's
 results in
 the same columns plot the same way.
 """

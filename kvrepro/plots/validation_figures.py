@@ -1,6 +1,6 @@
 """Figure `sim-validation`: the digital twin's predictions next to the live engine's numbers.
 
-Input is the tidy table of `kvrepro.engines.sim.validate.validation_table` (run, tier, metric, live,
+Input is the tidy table of `kvrepro.calibration.validate.validation_table` (run, tier, metric, live,
 sim, error_pct). One panel per metric, paired bars live / sim per (run, tier), the
 relative error written over each pair and set in red when it misses the tolerance, so the
 reader sees at a glance which numbers the simulator reproduces and which it does not.

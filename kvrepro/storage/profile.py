@@ -1,7 +1,8 @@
-"""A measured flash tier: a fio sweep turned into the simulator's flash-store parameters.
+"""A measured flash tier: a fio sweep turned into a flash store's model parameters.
 
-The simulator's offload store (`kvrepro.engines.sim.config.OffloadTier`) reads a chunk in
-`chunk_bytes / read_bw_bytes_s + chunk_read_latency_s`. From measurements:
+A store's model (`kvrepro.tier_spec.StoreModel`, which the simulator's offload store
+renders) reads a chunk in `chunk_bytes / read_bw_bytes_s + chunk_read_latency_s`. From
+measurements:
 
 * `read_bw_bytes_s` / `write_bw_bytes_s`: fio's bandwidth at the chosen request size and I/O
   depth (default: chunk-sized requests at the depth that read fastest), one job, one target;
@@ -13,11 +14,11 @@ The simulator's offload store (`kvrepro.engines.sim.config.OffloadTier`) reads a
 * `chunk_write_latency_s`: the same from a chunk-sized write at I/O depth 1 (fio's mean).
 
 `save_flash_profile` writes that with its provenance (fio version, targets, date, request
-size, depth, engine) as YAML; `apply_flash_profile` puts it into a simulator profile (what
-`kvrepro run sim --flash-profile` does); `studyb_measured_profile` builds study B's SSDx1..x4
-and OPT tiers from one measured drive for the B6 comparison (`b6_for_slow_writes` lets a
-slow drive's writes keep up). `dram_chunk_copy_times` times the DRAM
-side of B9.
+size, depth, engine) as YAML; `MeasuredFlashProfile.tier_fields` are the store-model fields
+it sets. `dram_chunk_copy_times` times the DRAM side of B9. Nothing here knows the
+simulator or a study: putting a profile into a simulator profile (`kvrepro run sim
+--flash-profile`) and building study B's tiers from one measured drive are done above, with
+the studies (`flash_profile`).
 """
 
 from __future__ import annotations
@@ -35,14 +36,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
 from kvrepro._checks import load_yaml
-from kvrepro.engines.sim.config import SimProfile
-from kvrepro.engines.sim.study_b import B6_GAP_S
-from kvrepro.workload.study_b_workloads import MicrobenchSpec
 
 FORMAT = "kvrepro-flash-profile/1"
 TIER_FIELDS = ("read_bw_bytes_s", "write_bw_bytes_s", "chunk_read_latency_s",
                "chunk_write_latency_s", "chunk_read_latency_samples_s")
-"""The OffloadTier fields a measured profile sets (capacity, chunking, eviction stay)."""
+"""The store-model fields (`kvrepro.tier_spec.StoreModel`) a measured profile sets
+(capacity, chunking, eviction stay)."""
 
 
 class FlashProvenance(BaseModel):
@@ -205,42 +204,7 @@ def load_flash_profile(path: str | Path) -> MeasuredFlashProfile:
         raise ValueError(f"{src}: invalid measured flash profile: {problems}") from err
 
 
-# --------------------------------------------------------------------------- into the simulator
-
-
-def _store_names(profile: SimProfile) -> list[str]:
-    return sorted({s.name for t in profile.tiers.values() for s in t.offload})
-
-
-def apply_flash_profile(profile: SimProfile, measured: MeasuredFlashProfile,
-                        store: str | Sequence[str] = "flash") -> SimProfile:
-    """A copy of `profile` whose offload store(s) named `store` take the measured values.
-
-    Only bandwidths and per-chunk latencies change (`TIER_FIELDS`); capacity, chunk size and
-    eviction stay. The store's chunk must be the chunk that was measured (same bytes), or
-    the latencies would belong to another I/O size: the error says what to measure instead.
-    """
-    names = [store] if isinstance(store, str) else list(store)
-    kv_bytes = profile.server.model_spec().kv_bytes_per_token
-    tree = profile.model_dump()
-    hits = 0
-    for tier in tree["tiers"].values():
-        for node in tier["offload"]:
-            if node["name"] not in names:
-                continue
-            chunk = node["chunk_tokens"] * kv_bytes
-            if chunk != measured.chunk_bytes:
-                raise ValueError(
-                    f"store {node['name']!r} holds chunks of {chunk:,} B ({node['chunk_tokens']}"
-                    f" tokens x {kv_bytes:,} B), the measured profile chunks of "
-                    f"{measured.chunk_bytes:,} B ({measured.chunk_tokens} tokens of "
-                    f"{measured.model}); measure again with that model and chunk size")
-            node.update(measured.tier_fields())
-            hits += 1
-    if not hits:
-        raise ValueError(f"no offload store named {names} in this profile; its stores: "
-                         f"{_store_names(profile)} (choose one with --flash-store / store=)")
-    return SimProfile.model_validate(tree)
+# --------------------------------------------------------------------------- drives in series
 
 
 def series_bw(*bws_bytes_s: float) -> float:
@@ -248,61 +212,6 @@ def series_bw(*bws_bytes_s: float) -> float:
     return 1.0 / sum(1.0 / bw for bw in bws_bytes_s)
 
 
-def studyb_measured_profile(profile: SimProfile, measured: MeasuredFlashProfile,
-                            drive_counts: Sequence[int] = (1, 2, 3, 4)) -> SimProfile:
-    """Study B's profile with its SSD tiers built from one measured drive.
-
-    Like `data/servers/study_b.yaml` does with datasheet drives: SSDxN reads at n x the
-    measured bandwidth in series with the host path (the MEM tier's rate), one chunk in
-    flight, plus the measured per-chunk latency (samples included); OPT reads at
-    min(4 x measured, host path) and keeps the study's own per-chunk cost (the part of its
-    pipeline io_uring does not hide, 512-token chunks). Drive counts scale linearly: an
-    assumption, unless several drives were measured (B5's targets panel says how they do).
-    """
-    mem = profile.tiers["mem"].offload[0]
-    out = profile
-    for n in drive_counts:
-        one = measured.model_copy(update={
-            "read_bw_bytes_s": series_bw(n * measured.read_bw_bytes_s, mem.read_bw_bytes_s),
-            "write_bw_bytes_s": series_bw(n * measured.write_bw_bytes_s, mem.write_bw_bytes_s)})
-        out = apply_flash_profile(out, one, store=f"ssd{n}")
-    tree = out.model_dump()
-    opt = tree["tiers"]["opt"]["offload"][0]
-    opt["read_bw_bytes_s"] = min(4 * measured.read_bw_bytes_s, mem.read_bw_bytes_s)
-    opt["write_bw_bytes_s"] = min(4 * measured.write_bw_bytes_s, mem.write_bw_bytes_s)
-    return SimProfile.model_validate(tree)
-
-
-def b6_for_slow_writes(profile: SimProfile, spec: MicrobenchSpec | None = None,
-                       margin: float = 1.2) -> tuple[SimProfile, MicrobenchSpec]:
-    """B6 made to measure loads on a drive that writes more slowly than the study's.
-
-    B6 needs every fill-round prompt on the tier when it is measured. A slow drive's write
-    queue would hold more than `max_write_backlog_s` of one long prompt's chunks, and the
-    simulator drops writes past that (as LMCache skips a put when its buffer is full): the
-    measure round would find part of the prompt missing. So the backlog limit is raised to
-    the longest prompt's write time, and requests are spaced so those writes end before the
-    next request. Each request runs alone either way: no TTFT changes, only whether the
-    prompt is there. Returns (profile, spec), both unchanged when the drives keep up.
-    """
-    spec = spec or MicrobenchSpec(gap_s=B6_GAP_S)
-    kv_bytes = profile.server.model_spec().kv_bytes_per_token
-    tree = profile.model_dump()
-    need_s = 0.0
-    for tier in tree["tiers"].values():
-        for store in tier["offload"]:
-            chunks = -(-max(spec.prompt_lengths) // store["chunk_tokens"])
-            write_s = chunks * margin * (store["chunk_tokens"] * kv_bytes
-                                         / store["write_bw_bytes_s"]
-                                         + store["chunk_write_latency_s"])
-            store["max_write_backlog_s"] = max(store["max_write_backlog_s"], write_s)
-            need_s = max(need_s, write_s)
-    gap_s = max(spec.gap_s, need_s)
-    spec = spec.model_copy(update={"gap_s": gap_s, "round_gap_s": max(spec.round_gap_s, gap_s)})
-    return SimProfile.model_validate(tree), spec
-
-
 __all__ = ["FORMAT", "FlashProvenance", "MeasuredFlashProfile", "TIER_FIELDS",
-           "apply_flash_profile", "b6_for_slow_writes", "dram_chunk_copy_times",
-           "flash_profile_from_measurements", "load_flash_profile", "save_flash_profile",
-           "series_bw", "studyb_measured_profile"]
+           "dram_chunk_copy_times", "flash_profile_from_measurements", "load_flash_profile",
+           "save_flash_profile", "series_bw"]

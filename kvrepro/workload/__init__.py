@@ -1,11 +1,12 @@
 """Workloads: the load every engine and tier runs, generated once from a seed.
 
 * `base`: the `Workload` tables, token sources, save/load, summary;
-* `agentic`: study A's agentic sessions with returning users;
-* `study_b_workloads`: study B's microbenchmark and multi-turn macrobenchmark;
-* `trace_replay`: Mooncake / Qwen-Bailian block-hash trace replay;
-* `synthetic_bailian`: a synthetic trace in the Qwen-Bailian format;
-* `synthetic_claude_code`: a synthetic Claude Code telemetry export under prompt-caching rules.
+* `agentic`: agentic sessions with returning users (study A's shape, `kvrepro.studies.study_a`);
+* `benchmarks`: the prompt-caching microbenchmark and the multi-turn (QPS) benchmark;
+* `trace_replay`: Mooncake / Qwen-Bailian block-hash trace replay.
+
+The synthetic stand-ins for data the studies read (Qwen-Bailian traceA, Claude Code telemetry)
+are in `kvrepro.studies`.
 """
 
 from kvrepro.workload.agentic import AgenticSpec, PauseSpec, generate_agentic, resumes_in_window
@@ -13,7 +14,7 @@ from kvrepro.workload.base import Workload, load_workload, save_workload, summar
 
 # Imported for their token-source registrations ("block_hash", "keyed"), which
 # `load_workload` needs to rebuild trace and microbenchmark workloads.
-from kvrepro.workload.study_b_workloads import (
+from kvrepro.workload.benchmarks import (
     MacrobenchSpec,
     MicrobenchSpec,
     macrobenchmark,

@@ -2,8 +2,8 @@
 
 import json
 
-from kvrepro.calc.models import from_hf_config
 from kvrepro.engines.tiny_model import TinyModelSpec, ensure_tiny_model
+from kvrepro.model_spec import from_hf_config
 from tests.live.conftest import require_vllm
 
 

@@ -5,11 +5,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kvrepro import analysis, reference
+from kvrepro import analysis
 from kvrepro.engines.sim import load_profile
 from kvrepro.engines.sim.campaign import simulate_campaign
-from kvrepro.engines.sim.study_a import check_targets, implied_baseline
 from kvrepro.reproduce import reproduce
+from kvrepro.studies import reference
+from kvrepro.studies.study_a import check_targets, implied_baseline
+from kvrepro.studies.study_a_headlines import study_a_headlines
 from kvrepro.tier_spec import load_server, override_server
 from kvrepro.workload import AgenticSpec, generate_agentic
 from tests.conftest import NOTEBOOKS
@@ -20,7 +22,7 @@ STUDY_A = Path(__file__).resolve().parents[2] / "data" / "servers" / "study_a.ya
 def test_shipped_profiles_load() -> None:
     for path in sorted(STUDY_A.parent.glob("*.yaml")):
         profile = load_profile(path)
-        assert profile.tiers and profile.server.gpu_kv_bytes > 0
+        assert profile.tiers and profile.server.kv_cache_bytes > 0
 
 
 def test_override_aliases_and_paths() -> None:
@@ -74,12 +76,12 @@ def test_study_a_notebook_numbers(tmp_path) -> None:
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["study_a"], params)
     assert not result.failures, result.failures
     got = result.headlines.set_index("id").reproduced
-    from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
+    from kvrepro.studies.study_a import STUDY_A_PAUSE
 
     workload = generate_agentic(AgenticSpec(duration_s=1800.0, warmup_s=180.0,
                                             pause=STUDY_A_PAUSE))
     records, samples = simulate_campaign(workload, STUDY_A, warmup_s=180.0, progress=False)
-    direct = analysis.study_a_headlines(records, samples, dram_capacity_bytes=512e9,
+    direct = study_a_headlines(records, samples, dram_capacity_bytes=512e9,
                                         run_s=1800.0, bin_s=300.0)  # the notebook's bins
     assert got["A2.baseline_plateau"] == pytest.approx(direct["A2.baseline_plateau"])
     assert got["A2.dram_peak_gain"] == pytest.approx(direct["A2.dram_peak_gain"])

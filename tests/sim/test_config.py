@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvrepro.calc.models import get_model
 from kvrepro.engines.sim import OffloadTier, ServerProfile, SimProfile, SimTier, load_profile
 from kvrepro.engines.sim.config import capacity_chunks
+from kvrepro.model_spec import get_model
 from tests.sim.conftest import PROFILE_PATH
 
 
@@ -26,7 +26,7 @@ def _raw() -> dict:
 def test_test_profile_loads(profile: SimProfile) -> None:
     assert set(profile.tiers) == {"baseline", "dram", "flash"}
     assert profile.tier("flash").name == "flash"
-    assert [s.name for s in profile.tier("flash").offload] == ["staging", "flash"]
+    assert [s.name for s in profile.tier("flash").stores] == ["staging", "flash"]
     server = profile.server
     assert server.model_spec().kv_bytes_per_token == 2048
     assert server.capacity_blocks() == 1024
@@ -35,7 +35,7 @@ def test_test_profile_loads(profile: SimProfile) -> None:
 
 def test_catalog_model_by_name() -> None:
     server = ServerProfile(model="MiniMax-M2.7-FP8", fp16_tflops=8000, mem_bw_tb_s=6.4,
-                           gpu_kv_bytes=115e9)
+                           kv_cache_bytes=115e9)
     assert server.model_spec() == get_model("MiniMax-M2.7-FP8")
     assert server.block_bytes() == 16 * 126_976
 
@@ -71,7 +71,7 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 def test_gpu_must_hold_one_request() -> None:
     with pytest.raises(ValueError, match="less than one max_model_len"):
         ServerProfile(model="Qwen3-14B-BF16", fp16_tflops=1000, mem_bw_tb_s=2,
-                      gpu_kv_bytes=1e6, max_model_len=32_768)
+                      kv_cache_bytes=1e6, max_model_len=32_768)
 
 
 def test_ttl_needs_ttl_s_and_chunk_sizes_agree() -> None:
@@ -81,7 +81,7 @@ def test_ttl_needs_ttl_s_and_chunk_sizes_agree() -> None:
     a = OffloadTier(name="a", capacity_bytes=1e9, read_bw_bytes_s=1e9, write_bw_bytes_s=1e9)
     b = a.model_copy(update={"name": "b", "chunk_tokens": 128})
     with pytest.raises(ValueError, match="chunk_tokens"):
-        SimTier(offload=[a, b])
+        SimTier(stores=[a, b])
 
 
 def test_tier_name_must_match_key(profile: SimProfile) -> None:
@@ -97,3 +97,25 @@ def test_capacity_in_whole_chunks() -> None:
     store = OffloadTier(name="d", capacity_bytes=3.5 * 256 * 2048, read_bw_bytes_s=1,
                         write_bw_bytes_s=1)
     assert capacity_chunks(store, 2048) == 3
+
+
+def test_store_names_unique_in_the_spec_and_the_twin_alike() -> None:
+    """One check (`TierModel`) for both: the simulator's tier refuses what the spec does."""
+    a = OffloadTier(name="a", capacity_bytes=1e9, read_bw_bytes_s=1e9, write_bw_bytes_s=1e9)
+    with pytest.raises(ValueError, match="store names must be unique"):
+        SimTier(stores=[a, a])
+
+
+def test_run_folders_record_the_keys_they_always_had(profile: SimProfile) -> None:
+    """meta.json keeps its keys after the rename to the spec's names (old and new run
+    folders read the same); the derived flags are recorded as they were."""
+    tier = profile.tier("flash")
+    record = tier.meta_record()
+    assert list(record) == ["name", "offload", "write_through", "load_async", "save_decode_kv",
+                            "skip_l1", "gpu_kv_bytes", "lookup_s", "lookup_async",
+                            "connector_step_s", "connector_request_s"]
+    assert record["offload"] == [s.model_dump(mode="json") for s in tier.stores]
+    server = profile.meta_record()["server"]
+    assert list(server)[-6:] == ["model", "gpu_kv_bytes", "block_tokens", "max_batched_tokens",
+                                 "max_num_seqs", "max_model_len"]
+    assert server["gpu_kv_bytes"] == profile.server.kv_cache_bytes

@@ -33,9 +33,9 @@ from kvrepro.engines.sim.fleet import simulate_fleet
 from kvrepro.engines.sim.offload import ChunkStore
 from kvrepro.engines.sim.scheduler import Scheduler
 from kvrepro.engines.sim.steptime import StepTimer
-from kvrepro.engines.sim.study_a import STUDY_A_PAUSE
 from kvrepro.fleet_spec import load_fleet
 from kvrepro.records import read_run
+from kvrepro.studies.study_a import STUDY_A_PAUSE
 from kvrepro.workload import AgenticSpec, build_workload, generate_agentic
 from kvrepro.workload.base import Workload
 

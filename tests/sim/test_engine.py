@@ -27,7 +27,7 @@ MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake"
 
 def _with_dram(profile: SimProfile, capacity_bytes: float) -> SimProfile:
     out = profile.model_copy(deep=True)
-    out.tiers["dram"].offload[0].capacity_bytes = capacity_bytes
+    out.tiers["dram"].stores[0].capacity_bytes = capacity_bytes
     return out
 
 
@@ -135,7 +135,7 @@ def _fill_s(result, store: str = "dram") -> float:
 @pytest.mark.parametrize("eviction", ["lru", "none"])
 def test_fill_time_is_the_store_s_first_eviction_or_refusal(profile, workload, eviction) -> None:
     small = _with_dram(profile, 16e6)
-    small.tiers["dram"].offload[0].eviction = eviction
+    small.tiers["dram"].stores[0].eviction = eviction
     result = simulate(workload, small, "dram", progress=False)
     stats, samples = result.stats, result.samples
     # the store itself noted the moment: an eviction (LRU) or a refusal (keeps when full)
@@ -184,7 +184,8 @@ def test_flash_tier_stages_and_reads(profile, workload) -> None:
 
 def test_synchronous_loads_hold_the_step(profile, workload) -> None:
     sync = profile.model_copy(deep=True)
-    sync.tiers["flash"].load_async = False
+    sync.tiers["flash"].lmcache.enable_async_loading = False
+    assert not sync.tiers["flash"].load_async
     result = simulate(workload, sync, "flash", progress=False)
     r = result.records
     _accounted(result)
@@ -202,7 +203,7 @@ def test_mooncake_trace_replay(profile) -> None:
     workload = trace_to_workload(trace, max_requests=1000, time_scale=2.0)
     big = _with_dram(profile, 50e9)
     big.server.max_model_len = 131_072
-    big.server.gpu_kv_bytes = 256 * 2**20
+    big.server.kv_cache_bytes = 256 * 2**20
     result = simulate(workload, big, "dram", progress=False)
     _accounted(result)
     # what an unbounded cache could hit: each request's leading trace blocks seen before

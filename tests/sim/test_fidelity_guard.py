@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from kvrepro._paths import data_file
-from kvrepro.engines.sim import load_profile, validate
+from kvrepro.calibration import validate
+from kvrepro.engines.sim import load_profile
 
 TOLERANCES = data_file("live", validate.HELD_OUT_ROOT, "tolerances.yaml")
 NOT_APPLICABLE = {("small-kv", "l1_hit_share"), ("small-kv", "l2_hit_share"),

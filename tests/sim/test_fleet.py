@@ -206,11 +206,11 @@ def test_pool_tier_scales_capacity_and_keeps_unset_bandwidth() -> None:
     pooled = pool_tier(tier, FleetSpec.model_validate(
         {"server": str(PROFILE_PATH), "tier": "flash",
          "shared_pool": {"capacity_scale": 8.0, "write_bw_bytes_s": 3e9}}).shared_pool)
-    for mine, theirs in zip(tier.offload, pooled.offload, strict=True):
+    for mine, theirs in zip(tier.stores, pooled.stores, strict=True):
         assert theirs.capacity_bytes == 8.0 * mine.capacity_bytes
         assert theirs.read_bw_bytes_s == mine.read_bw_bytes_s
         assert theirs.write_bw_bytes_s == 3e9
-    assert tier.offload[0].capacity_bytes != pooled.offload[0].capacity_bytes  # a copy
+    assert tier.stores[0].capacity_bytes != pooled.stores[0].capacity_bytes  # a copy
 
 
 def test_shared_pool_samples_report_one_pool(agentic: Workload) -> None:
@@ -275,7 +275,7 @@ def _check_store_headlines(result: FleetResult, heads: dict[str, float], pool: s
     assert heads["dram_bytes_written_per_day"] == pytest.approx(per_day)
     assert heads["dram_bytes_written_per_day"] > 0
     assert heads["dram_peak_bytes_used"] == used_total.max()
-    capacity = load_profile(PROFILE_PATH).tier("dram").offload[0].capacity_bytes
+    capacity = load_profile(PROFILE_PATH).tier("dram").stores[0].capacity_bytes
     chunks = capacity // (CHUNK_TOKENS * KV_BYTES_PER_TOKEN)
     n = 1 if pool == "shared" else 2
     assert heads["dram_capacity_bytes"] == n * chunks * CHUNK_TOKENS * KV_BYTES_PER_TOKEN

@@ -3,14 +3,14 @@ import math
 import pandas as pd
 import pytest
 
-from kvrepro.engines.sim.fleet_study import (
+from kvrepro.fleet_spec import shipped_fleet
+from kvrepro.studies.fleet_study import (
     capacity_for_hit_share,
     flash_array,
     fleet_dwpd,
     fleet_points,
 )
-from kvrepro.fleet_spec import shipped_fleet
-from kvrepro.sweep import check_default_point
+from kvrepro.studies.whatif import check_default_point
 
 
 def test_fleet_points_cover_routing_pool_and_size_and_run_on_the_default_point() -> None:
@@ -65,7 +65,7 @@ def test_flash_array_reads_the_tier_spec() -> None:
 
 
 def test_compare_fleet_summaries_matches_instances_and_signs_errors() -> None:
-    from kvrepro.engines.sim.fleet_study import compare_fleet_summaries
+    from kvrepro.studies.fleet_study import compare_fleet_summaries
 
     keys = {"kv_pool": ["shared", "shared"], "tier": ["dram", "dram"],
             "routing": ["round_robin", "round_robin"], "instance": ["0", "total"]}

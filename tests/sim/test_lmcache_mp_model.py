@@ -12,17 +12,18 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
+from kvrepro.calibration.fit_offload import fit_offload_tier
+from kvrepro.calibration.validate import workload_of
 from kvrepro.engines.sim import load_profile, simulate
 from kvrepro.engines.sim.config import OffloadTier, ServerProfile, SimProfile, SimTier
-from kvrepro.engines.sim.fit_offload import fit_offload_tier
 from kvrepro.engines.sim.offload import ChunkStore, OffloadHierarchy
 from kvrepro.engines.sim.steptime import StepTimer
-from kvrepro.engines.sim.validate import workload_of
 from kvrepro.records import read_run
-from kvrepro.tier_spec import load_server
+from kvrepro.tier_spec import LMCacheFlags, load_server
 from kvrepro.workload import build_workload
 
 KV = 1024  # bytes per token of the tiny model
+SKIP_L1 = LMCacheFlags(l2_store_policy="skip_l1")  # stores write to the last store only
 CHUNK_BYTES = 256 * KV
 
 
@@ -65,8 +66,8 @@ def test_eviction_on_insert_without_the_loop() -> None:
 
 
 def test_skip_l1_reads_from_disk_without_staging_in_l1() -> None:
-    tier = SimTier(offload=[_store(8), _store(8, name="flash", hard_limit=False)],
-                   skip_l1=True)
+    tier = SimTier(stores=[_store(8), _store(8, name="flash", hard_limit=False)],
+                   lmcache=SKIP_L1)
     stores = OffloadHierarchy(tier, KV)
     ids = [11, 12, 13]
     stores.write(ids, 0.0)
@@ -81,9 +82,9 @@ def test_skip_l1_staging_room_limits_prefetches_and_stores() -> None:
     """The flash tier's small L1 is room every chunk passes through: 4 chunks of room, disk
     writes of 1 s a chunk, reads of 1 s a chunk."""
     slow = {"read_bw_bytes_s": CHUNK_BYTES, "write_bw_bytes_s": CHUNK_BYTES}
-    tier = SimTier(offload=[_store(4), _store(100, name="flash", hard_limit=False)],
-                   skip_l1=True)
-    tier.offload[1] = tier.offload[1].model_copy(update=slow)
+    tier = SimTier(stores=[_store(4), _store(100, name="flash", hard_limit=False)],
+                   lmcache=SKIP_L1)
+    tier.stores[1] = tier.stores[1].model_copy(update=slow)
     stores = OffloadHierarchy(tier, KV)
     stores.write(list(range(6)), 0.0)  # chunks 0-3 reserve the room until 1, 2, 3, 4 s
     assert list(stores.stores[1].entries) == [0, 1, 2, 3]
@@ -103,17 +104,17 @@ def test_multi_process_spec_gives_lmcache_mp_behaviour() -> None:
     profile = load_profile(data_file("servers", "cpu_tiny.yaml"))
     assert spec.live.lmcache_mode == "multi_process"
     dram = profile.tiers["dram"]
-    assert dram.lookup_async and dram.load_async and dram.offload[0].async_eviction
-    assert dram.offload[0].hard_limit and not profile.tiers["flash"].offload[1].hard_limit
+    assert dram.lookup_async and dram.load_async and dram.stores[0].async_eviction
+    assert dram.stores[0].hard_limit and not profile.tiers["flash"].stores[1].hard_limit
     study_a = load_profile(data_file("servers", "study_a.yaml"))
-    gpu_tier = next(t for t in study_a.tiers.values() if t.offload)
-    assert not gpu_tier.lookup_async and not gpu_tier.offload[0].async_eviction
+    gpu_tier = next(t for t in study_a.tiers.values() if t.stores)
+    assert not gpu_tier.lookup_async and not gpu_tier.stores[0].async_eviction
 
 
 def test_sum_step_adds_compute_and_memory() -> None:
     server = ServerProfile(model="Llama-3.1-8B-BF16", fp16_tflops=100, mem_bw_tb_s=1.0,
                            mfu=1.0, decode_efficiency=1.0, step_overhead_s=0.001,
-                           gpu_kv_bytes=2e10)
+                           kv_cache_bytes=2e10)
     overlap = StepTimer(server)
     serial = StepTimer(server.model_copy(update={"step_combine": "sum"}))
     chunks, kv = [(2048, 0)], 10_000
@@ -135,19 +136,19 @@ def _lone_records(profile: SimProfile) -> pd.DataFrame:
 
 
 def test_async_lookup_delays_a_lone_request_by_its_round_trips() -> None:
-    quick = _lone_records(_one_turn_profile(lookup_s=0.0, connector_step_s=0.0,
-                                            connector_request_s=0.0))
-    slow = _lone_records(_one_turn_profile(lookup_s=0.02, connector_step_s=0.0,
-                                           connector_request_s=0.0))
+    quick = _lone_records(_one_turn_profile(twin_lookup_s=0.0, twin_connector_step_s=0.0,
+                                            twin_connector_request_s=0.0))
+    slow = _lone_records(_one_turn_profile(twin_lookup_s=0.02, twin_connector_step_s=0.0,
+                                           twin_connector_request_s=0.0))
     first = slow.sort_values("send_s").iloc[0].ttft_s - quick.sort_values("send_s").iloc[0].ttft_s
     assert first == pytest.approx(0.02, abs=1e-9)  # alone: two rounds of 10 ms, no steps between
 
 
 def test_connector_cost_slows_each_decode_step() -> None:
-    plain = _lone_records(_one_turn_profile(lookup_s=0.0, connector_step_s=0.0,
-                                            connector_request_s=0.0))
-    costly = _lone_records(_one_turn_profile(lookup_s=0.0, connector_step_s=0.0005,
-                                             connector_request_s=0.0003))
+    plain = _lone_records(_one_turn_profile(twin_lookup_s=0.0, twin_connector_step_s=0.0,
+                                            twin_connector_request_s=0.0))
+    costly = _lone_records(_one_turn_profile(twin_lookup_s=0.0, twin_connector_step_s=0.0005,
+                                             twin_connector_request_s=0.0003))
     row = plain.sort_values("send_s").iloc[0]
     other = costly.set_index(["session_id", "turn"]).loc[(row.session_id, row.turn)]
     steps = row.output_tokens - 1
@@ -160,23 +161,25 @@ def test_offload_fit_recovers_the_costs_of_a_twin_made_run() -> None:
     the costs back, within the accuracy of the procedure (decode points carry the overlap
     count as the batch size, so the connector fit is close, not exact)."""
     live = read_run(data_file("live", "cpu_tiny_fit", "dram"))
-    known = {"lookup_s": 0.004, "connector_step_s": 0.0005, "connector_request_s": 0.0003}
+    known = {"twin_lookup_s": 0.004, "twin_connector_step_s": 0.0005,
+             "twin_connector_request_s": 0.0003}
     base = load_profile(data_file("servers", "cpu_tiny.yaml"))
     base = base.model_copy(update={"server": base.server.model_copy(
         update={"step_combine": "max"})})
     dram = base.tiers["dram"]
-    truth = dram.model_copy(update={**known, "offload": [dram.offload[0].model_copy(
+    truth = dram.model_copy(update={**known, "stores": [dram.stores[0].model_copy(
         update={"read_bw_bytes_s": 4.0e8})]})
     made = simulate(workload_of(live), base.model_copy(update={"tiers": {"dram": truth}}),
                     "dram", duration_s=300.0, warmup_s=30.0, progress=False)
     fake = dataclasses.replace(live, records=made.records)
-    start = dram.model_copy(update={"lookup_s": 0.0, "connector_step_s": 0.0,
-                                    "connector_request_s": 0.0})
+    start = dram.model_copy(update={"twin_lookup_s": 0.0, "twin_connector_step_s": 0.0,
+                                    "twin_connector_request_s": 0.0})
     fit, _ = fit_offload_tier(fake, base.model_copy(update={"tiers": {"dram": start}}))
     # measured: lookup +8 %, read rate +8 %, connector -8 % (the decode fit's batch size is
     # the overlap count, not the twin's batch; what it misses the lookup intercept takes)
-    assert fit.lookup_s == pytest.approx(0.004, rel=0.15)
+    assert fit.twin_lookup_s == pytest.approx(0.004, rel=0.15)
     assert fit.read_bw_bytes_s["dram"] == pytest.approx(4.0e8, rel=0.15)
-    assert fit.connector_step_s + fit.connector_request_s == pytest.approx(0.0008, rel=0.15)
-    assert fit.connector_request_s == pytest.approx(0.0003, rel=0.3)
+    connector_s = fit.twin_connector_step_s + fit.twin_connector_request_s
+    assert connector_s == pytest.approx(0.0008, rel=0.15)
+    assert fit.twin_connector_request_s == pytest.approx(0.0003, rel=0.3)
     assert np.isfinite(fit.rms_s) and fit.n_requests > 100

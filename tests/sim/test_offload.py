@@ -33,7 +33,7 @@ def test_ttl_store_expires_unused_chunks() -> None:
 
 
 def test_store_without_eviction_keeps_what_it_holds_and_counts_rejections() -> None:
-    off = OffloadHierarchy(SimTier(offload=[offload_tier(chunks=3, eviction="none")]), KV_BYTES)
+    off = OffloadHierarchy(SimTier(stores=[offload_tier(chunks=3, eviction="none")]), KV_BYTES)
     off.write([1, 2], 0.0)
     off.write([3, 4, 5], 1.0)  # room for 3 only
     store = off.stores[0]
@@ -65,10 +65,10 @@ def test_channel_is_a_fifo_server() -> None:
 
 
 def _hierarchy(**tier: object) -> OffloadHierarchy:
-    stores = tier.pop("offload", [offload_tier("staging", 2),
+    stores = tier.pop("stores", [offload_tier("staging", 2),
                                   offload_tier("flash", 100, read_bw_bytes_s=2e5,
                                                chunk_read_latency_s=0.01)])
-    return OffloadHierarchy(SimTier(offload=stores, **tier), KV_BYTES)
+    return OffloadHierarchy(SimTier(stores=stores, **tier), KV_BYTES)
 
 
 def test_lookup_is_a_prefix_match_store_by_store() -> None:
@@ -121,7 +121,7 @@ def test_write_through_writes_every_store_and_skips_present_chunks() -> None:
 
 def test_writes_past_the_backlog_bound_are_dropped() -> None:
     store = offload_tier("dram", 100, write_bw_bytes_s=CHUNK_BYTES, max_write_backlog_s=2.0)
-    off = _hierarchy(offload=[store])
+    off = _hierarchy(stores=[store])
     off.write(list(range(10)), 0.0)  # 1 s per chunk: chunks 0-2 start within 2 s
     assert len(off.stores[0].entries) == 3
     assert off.writes_dropped == [7]
@@ -129,14 +129,14 @@ def test_writes_past_the_backlog_bound_are_dropped() -> None:
 
 
 def test_write_back_demotes_evicted_chunks() -> None:
-    off = _hierarchy(write_through=False)
+    off = _hierarchy(twin_write_back=True)
     off.write([1, 2, 3], 0.0)
     assert list(off.stores[0].entries) == [2, 3]
     assert list(off.stores[1].entries) == [1]
 
 
 def test_zero_capacity_store_takes_nothing() -> None:
-    off = _hierarchy(offload=[offload_tier("dram", 0)])
+    off = _hierarchy(stores=[offload_tier("dram", 0)])
     off.write([1, 2], 0.0)
     assert not off.stores[0].entries and off.bytes_written == [0]
     assert off.lookup([1, 2], 1.0) == [0]

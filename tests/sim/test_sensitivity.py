@@ -1,4 +1,4 @@
-"""Notebook 04's sensitivities (kvrepro.engines.sim.sensitivity) on short study-A campaigns.
+"""Notebook 04's sensitivities (kvrepro.studies.sensitivity) on short study-A campaigns.
 
 Each sweep is checked against what it claims to change, measured on its own runs (requests in
 flight, evictions, the flag's effect), and against the same variant simulated directly.
@@ -11,10 +11,11 @@ import pandas as pd
 import pytest
 
 from kvrepro import analysis
-from kvrepro.engines.sim import sensitivity as sens
 from kvrepro.engines.sim import sim_profile
 from kvrepro.engines.sim.campaign import simulate_campaign
-from kvrepro.engines.sim.study_a import STUDY_A_PAUSE, targets_met, without_queue_wait
+from kvrepro.studies import sensitivity as sens
+from kvrepro.studies.study_a import STUDY_A_PAUSE, targets_met, without_queue_wait
+from kvrepro.studies.study_a_headlines import StudyASettings, study_a_headlines, study_a_resumes
 from kvrepro.tier_spec import load_server, override_server
 from kvrepro.workload import AgenticSpec, generate_agentic
 
@@ -36,7 +37,7 @@ def spec():
 
 @pytest.fixture(scope="module")
 def settings():
-    return analysis.StudyASettings(bin_s=300.0, run_s=DURATION_S, dram_capacity_bytes=48e9)
+    return StudyASettings(bin_s=300.0, run_s=DURATION_S, dram_capacity_bytes=48e9)
 
 
 @pytest.fixture(scope="module")
@@ -78,11 +79,11 @@ def test_in_flight_sweep_caps_requests_and_matches_a_direct_run(spec, settings, 
     assert max_in_flight(limited, spec) <= 4 < max_in_flight(base[0], spec)
     direct = simulate_campaign(make_workload(0), spec, TIERS, warmup_s=WARMUP_S,
                                progress=False, max_in_flight=4)
-    want = analysis.study_a_headlines(*direct, settings)
+    want = study_a_headlines(*direct, settings)
     got = sens.reproduced_by(sweep)
     for ref_id, value in want.items():
         assert got.at[ref_id, "4"] == pytest.approx(value), ref_id
-    unlimited = analysis.study_a_headlines(*base, settings)
+    unlimited = study_a_headlines(*base, settings)
     assert got["none"].dropna().to_dict() == pytest.approx(unlimited)
     with pytest.raises(ValueError, match="limits"):
         sens.in_flight_sweep(make_workload(0), spec, base, [0], settings)
@@ -122,7 +123,7 @@ def test_seed_sweep_and_its_views(spec, settings, base) -> None:
     sweep = sens.seed_sweep(make_workload, spec, base, 0, [1], settings, WARMUP_S)
     assert list(dict.fromkeys(sweep.table.seed)) == [0, 1]
     other = simulate_campaign(make_workload(1), spec, TIERS, warmup_s=WARMUP_S, progress=False)
-    want = analysis.study_a_headlines(*other, settings)
+    want = study_a_headlines(*other, settings)
     got = sens.reproduced_by(sweep, figures=["A5"])
     assert set(got.index) == {i for i in want if i.startswith("A5.")}
     assert got[1].to_dict() == pytest.approx({i: want[i] for i in got.index})
@@ -156,7 +157,7 @@ def test_without_queue_wait_takes_out_the_admission_wait(base) -> None:
         without_queue_wait(records.drop(columns="queue_s"))
     # on a simulated run: each resume's TTFT less its own queue wait, tier by tier
     sim = base[0]
-    fast = analysis.study_a_resumes(without_queue_wait(sim)).set_index("tier")
+    fast = study_a_resumes(without_queue_wait(sim)).set_index("tier")
     resumes = sim[sim.is_resume & ~sim.is_warmup & (sim.error == "")
                   & sim.session_id.isin(analysis.common_resume_sessions(sim[~sim.is_warmup]))]
     for tier, part in resumes.groupby("tier"):

@@ -9,13 +9,13 @@ import random
 import pandas as pd
 import pytest
 
-from kvrepro.calc.models import ModelSpec
 from kvrepro.engines.sim import SimProfile, simulate
 from kvrepro.engines.sim.config import OffloadTier, SimTier
 from kvrepro.engines.sim.offload import ChunkStore, OffloadHierarchy
 from kvrepro.engines.sim.outputs import sample_row
 from kvrepro.engines.sim.scheduler import Scheduler
 from kvrepro.engines.sim.steptime import StepTimer
+from kvrepro.model_spec import ModelSpec
 from kvrepro.workload import generate_agentic
 from kvrepro.workload.base import Workload
 from tests.sim.conftest import (
@@ -81,7 +81,7 @@ def test_ttl_expiry_matches_a_brute_force_scan_under_random_operations() -> None
 
 def _two_stores(upper: OffloadTier) -> OffloadHierarchy:
     lower = offload_tier("flash", 100, read_bw_bytes_s=CHUNK_BYTES)  # 1 s per chunk read
-    return OffloadHierarchy(SimTier(offload=[upper, lower]), KV_BYTES)
+    return OffloadHierarchy(SimTier(stores=[upper, lower]), KV_BYTES)
 
 
 @pytest.mark.parametrize("eviction", ["lru", "none"])
@@ -136,7 +136,7 @@ def _store_state(sched: Scheduler) -> list[tuple]:
                                     dict(async_eviction=True)])
 def test_sample_row_changes_no_store(profile: SimProfile, config: dict) -> None:
     chunk_bytes = CHUNK * profile.server.model_spec().kv_bytes_per_token
-    tier = SimTier(offload=[offload_tier("dram", 10, capacity_bytes=10 * chunk_bytes, **config)])
+    tier = SimTier(stores=[offload_tier("dram", 10, capacity_bytes=10 * chunk_bytes, **config)])
     sched = Scheduler(profile.server, tier, StepTimer(profile.server))
     assert sched.offload.stores[0].capacity_chunks == 10
     store = sched.offload.stores[0]
@@ -159,8 +159,8 @@ def _sampled_every(profile: SimProfile, interval_s: float, tier: str, workload: 
     prof = profile.model_copy(deep=True)
     prof.sample_interval_s = interval_s
     if tier == "dram":
-        prof.tiers["dram"].offload[0].eviction = "ttl"
-        prof.tiers["dram"].offload[0].ttl_s = 30.0
+        prof.tiers["dram"].stores[0].eviction = "ttl"
+        prof.tiers["dram"].stores[0].ttl_s = 30.0
     return simulate(workload, prof, tier, progress=False)
 
 

@@ -63,7 +63,7 @@ def test_repeated_prompt_hits_all_but_the_last_block(profile: SimProfile) -> Non
 def test_offload_hit_costs_a_load(profile: SimProfile) -> None:
     """GPU too small to keep the prompt across the fill round: the DRAM tier serves it."""
     small = profile.model_copy(deep=True)
-    small.server.gpu_kv_bytes = 8192 * 2048  # exactly max_model_len
+    small.server.kv_cache_bytes = 8192 * 2048  # exactly max_model_len
     spec = MicrobenchSpec(prompt_lengths=[4096], prompts_per_length=3, output_tokens=2,
                           gap_s=5.0, round_gap_s=10.0)
     result = simulate(microbenchmark(spec), small, "dram", progress=False)
@@ -72,7 +72,7 @@ def test_offload_hit_costs_a_load(profile: SimProfile) -> None:
     assert first.gpu_hit_tokens < 4096 // 2
     assert first.loaded_tokens_dram > 0
     assert first.cached_prompt_tokens == first.gpu_hit_tokens + first.loaded_tokens_dram
-    tier = small.tier("dram").offload[0]
+    tier = small.tier("dram").stores[0]
     chunk_bytes = tier.chunk_tokens * 2048
     chunks = math.ceil((first.cached_prompt_tokens - first.gpu_hit_tokens) / tier.chunk_tokens)
     assert first.load_s == pytest.approx(chunks * chunk_bytes / tier.read_bw_bytes_s)
@@ -81,7 +81,7 @@ def test_offload_hit_costs_a_load(profile: SimProfile) -> None:
 def test_preemption_recomputes_and_still_finishes(profile: SimProfile) -> None:
     """Two long generations that cannot both fit: the newer one is preempted, not lost."""
     small = profile.model_copy(deep=True)
-    small.server.gpu_kv_bytes = 8192 * 2048
+    small.server.kv_cache_bytes = 8192 * 2048
     spec = MicrobenchSpec(prompt_lengths=[3000], prompts_per_length=2, output_tokens=2000,
                           gap_s=0.01, round_gap_s=1000.0)
     result = simulate(microbenchmark(spec), small, "baseline", duration_s=1.0, progress=False)

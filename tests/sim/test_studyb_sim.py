@@ -9,10 +9,10 @@ import pytest
 
 from kvrepro._paths import data_file
 from kvrepro.engines.sim import load_profile
-from kvrepro.engines.sim import study_b as studyb
 from kvrepro.plots import study_b_figures as bfigs
 from kvrepro.reproduce import reproduce
-from kvrepro.workload.study_b_workloads import MicrobenchSpec
+from kvrepro.studies import study_b as studyb
+from kvrepro.workload.benchmarks import MicrobenchSpec
 from tests.conftest import NOTEBOOKS
 
 SMALL_MICRO = {"prompt_lengths": [1024, 4096], "prompts_per_length": 2}
@@ -42,13 +42,13 @@ def test_profile_loads_with_equal_capacity() -> None:
     profile = load_profile(data_file("servers", "study_b.yaml"))
     assert tuple(profile.tiers) == studyb.B6_TIERS
     assert profile.server.model_spec().kv_bytes_per_token == 163_840
-    stores = {name: tier.offload[0] for name, tier in profile.tiers.items()}
-    assert all(len(tier.offload) == 1 for tier in profile.tiers.values())
+    stores = {name: tier.stores[0] for name, tier in profile.tiers.items()}
+    assert all(len(tier.stores) == 1 for tier in profile.tiers.values())
     assert all(store.name == name for name, store in stores.items())
     assert len({store.capacity_bytes for store in stores.values()}) == 1
     assert stores["opt"].chunk_tokens > stores["ssd1"].chunk_tokens == 256
     resized = studyb.with_cache_capacity(profile, 42.0)
-    assert {t.offload[0].capacity_bytes for t in resized.tiers.values()} == {42e9}
+    assert {t.stores[0].capacity_bytes for t in resized.tiers.values()} == {42e9}
 
 
 def test_mem_ratio_is_one(b6: pd.DataFrame) -> None:

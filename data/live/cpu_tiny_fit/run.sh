@@ -2,7 +2,7 @@
 # The exact command that produced this folder's runs (from the project root, after
 # make live-cpu): the tiny server's fit campaign. The twin's step time is fitted on its
 # small-kv tier and its offload costs on its dram and flash tiers
-# (python -m kvrepro.engines.sim.profile_yaml data/live/cpu_tiny_fit data/servers/cpu_tiny.yaml).
+# (python -m kvrepro.calibration data/live/cpu_tiny_fit data/servers/cpu_tiny.yaml).
 # Study A's shape (seed 3, 20 sessions / min, a 7,680-token context cap), 5 minutes a tier,
 # recorded right after the held-out runs of data/live/cpu_tiny_validation, on a quiet machine.
 set -euo pipefail

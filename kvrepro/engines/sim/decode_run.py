@@ -77,7 +77,7 @@ class DecodeRun:
         """Per batch: its size, the step-time function, and the head the scheduler tries."""
         sched = self.sched
         self.batch = batch = len(sched.running)
-        self.budget = sched.max_batched_tokens - batch
+        self.budget = sched.max_num_batched_tokens - batch
         self.decode_step_s = sched.timer.decode_step_fn(batch) if batch else None
         self.connector_s, self.request_s = sched.connector_s[0], sched.connector_s[1] * batch
         self._set_head()

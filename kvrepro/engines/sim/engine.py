@@ -78,7 +78,7 @@ class Engine:
         self.runs: list[DecodeRun | None] = [None] * len(self.schedulers)
         self.tier_name, self.sink = tier.name, sink
         self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
-        self.store_names = [store.name for store in tier.offload]
+        self.store_names = [store.name for store in tier.stores]
         self.loaded_keys = [f"loaded_tokens_{name}" for name in self.store_names]
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
@@ -412,8 +412,8 @@ def simulate(workload: Workload, profile: SimProfile | ServerSpec | str | Path, 
     tier = profile.tier(tier_name)
     duration = _default_duration_s(workload, duration_s)
     hard_end = math.inf if hard_end_s is None else float(hard_end_s)
-    meta = {"engine": ENGINE, "tier": tier_name, "tier_config": tier.model_dump(mode="json"),
-            "profile": profile.model_dump(mode="json"), "workload": workload.spec,
+    meta = {"engine": ENGINE, "tier": tier_name, "tier_config": tier.meta_record(),
+            "profile": profile.meta_record(), "workload": workload.spec,
             "workload_digest": workload.digest(),
             "options": {"duration_s": duration, "warmup_s": warmup_s, "hard_end_s": hard_end,
                         "max_in_flight": max_in_flight}}

@@ -240,14 +240,14 @@ def pool_tier(tier: SimTier, pool: SharedPool) -> SimTier:
     read / write bandwidth where given (for every store of the pool: all of its traffic
     crosses the pool's channels)."""
     stores = []
-    for store in tier.offload:
+    for store in tier.stores:
         update: dict[str, float] = {"capacity_bytes": store.capacity_bytes * pool.capacity_scale}
         if pool.read_bw_bytes_s is not None:
             update["read_bw_bytes_s"] = pool.read_bw_bytes_s
         if pool.write_bw_bytes_s is not None:
             update["write_bw_bytes_s"] = pool.write_bw_bytes_s
         stores.append(store.model_copy(update=update))
-    return tier.model_copy(update={"offload": stores})
+    return tier.model_copy(update={"stores": stores})
 
 
 # ---------------------------------------------------------------------- the engine
@@ -267,7 +267,7 @@ class FleetEngine(Engine):
                          hard_end_s, sink, max_in_flight)
 
     def _make_schedulers(self, server: ServerProfile, tier: SimTier) -> list[Scheduler]:
-        if self.fleet.kv_pool == "shared" and tier.offload:
+        if self.fleet.kv_pool == "shared" and tier.stores:
             pool = self.fleet.shared_pool
             self.pool = OffloadHierarchy(pool_tier(tier, pool),
                                          server.model_spec().kv_bytes_per_token,

@@ -26,9 +26,10 @@ How an LRU store makes room follows the LMCache that serves it:
 * write: computed chunks a store lacks are queued on its write channel (FIFO; a chunk is
   present once its write finishes). If the queue already holds more than
   `max_write_backlog_s` of work, the write is dropped and counted (LMCache's store path skips
-  a put when its buffer is exhausted rather than stall the engine). With `write_through`
-  every store gets the chunk; otherwise only the first, and chunks evicted from store i are
-  queued for store i + 1 (a victim cache). With `skip_l1` (LMCache's `l2_store_policy`)
+  a put when its buffer is exhausted rather than stall the engine). Written through
+  (`SimTier.write_through`, as LMCache) every store gets the chunk; with `twin_write_back`
+  only the first, and chunks evicted from store i are queued for store i + 1 (a victim
+  cache). With `skip_l1` (LMCache's `l2_store_policy`)
   only the last store gets it, and loads from it are not staged in the faster ones: in the
   live flash tier (data/live/cpu_tiny_lmcache/flash) LMCache reported every hit from L2 and
   none from L1, its L1 only passing the L2 reads through.
@@ -366,18 +367,18 @@ class OffloadHierarchy:
 
     def __init__(self, tier: SimTier, kv_bytes_per_token: int, network_latency_s: float = 0.0):
         self.network_latency_s = network_latency_s
-        self.stores = [ChunkStore(c, kv_bytes_per_token) for c in tier.offload]
+        self.stores = [ChunkStore(c, kv_bytes_per_token) for c in tier.stores]
         self.names = [s.name for s in self.stores]
-        self.chunk_tokens = tier.offload[0].chunk_tokens if tier.offload else 0
+        self.chunk_tokens = tier.stores[0].chunk_tokens if tier.stores else 0
         self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
         self.write_through = tier.write_through
         # skip_l1 (LMCache's l2_store_policy): computed KV goes to the last store only
         self.first_write = len(self.stores) - 1 if tier.skip_l1 and self.stores else 0
         self.staging = StagingBuffer(self.stores[0]) if self.first_write else None
-        self.reads = [read_channel(c) for c in tier.offload]
+        self.reads = [read_channel(c) for c in tier.stores]
         self.writes = [Channel(c.write_bw_bytes_s, c.chunk_write_latency_s)
-                       for c in tier.offload]
-        self.backlog_limit_s = [c.max_write_backlog_s for c in tier.offload]
+                       for c in tier.stores]
+        self.backlog_limit_s = [c.max_write_backlog_s for c in tier.stores]
         n = len(self.stores)
         self.bytes_written, self.bytes_read = [0] * n, [0] * n
         self.writes_dropped = [0] * n

@@ -3,7 +3,7 @@
 Each step:
 
 1. Running requests in order (oldest first) each get num_tokens - computed_tokens tokens,
-   capped by what is left of the `max_batched_tokens` budget: 1 for a decode, a chunk for a
+   capped by what is left of the `max_num_batched_tokens` budget: 1 for a decode, a chunk for a
    prefill. A request that needs a new block and finds none (after evicting cached,
    unreferenced blocks) preempts the newest running request, repeatedly, possibly itself;
    a preempted request frees its blocks (its full blocks stay cached until evicted), goes to
@@ -18,16 +18,16 @@ Each step:
    (so that it can always start once loaded; without that spare slot, loading requests
    could hold every block and stall the server); when loaded, it runs the chunk that fits.
    Without `load_async` the load is part of the step and the step waits for it. The
-   offload lookup costs `lookup_s`: with `lookup_async` (LMCache's multi-process connector
+   offload lookup costs `twin_lookup_s`: with `lookup_async` (LMCache's multi-process connector
    sends the lookup and answers vLLM "not yet" until it is back) the request is skipped,
    keeping its place, until the answer is in; else the step waits for it. And
-   every step of an offload tier costs `connector_step_s` plus `connector_request_s` per
+   every step of an offload tier costs `twin_connector_step_s` plus `twin_connector_request_s` per
    scheduled request (the connector's per-request work each step: fitted on the live
    LMCache runs, where decode steps grew ~0.35 ms per running request over the baseline's).
 
 At the end of a step: computed tokens advance, new full blocks are committed to the prefix
-cache, completed chunks of the prompt (and of the output too with `save_decode_kv`, as
-LMCache's save_decode_cache) are written to the offload stores, and a request whose computed
+cache, completed chunks of the prompt (and of the output too with LMCache's
+`save_decode_cache`) are written to the offload stores, and a request whose computed
 tokens reach num_tokens samples one token (the first one ends its prefill: TTFT).
 """
 
@@ -104,21 +104,21 @@ class Scheduler:
         the load and lookup events it makes."""
         self.instance = instance
         self.block_tokens = server.block_tokens
-        self.max_batched_tokens = server.max_batched_tokens
+        self.max_num_batched_tokens = server.max_num_batched_tokens
         self.max_num_seqs = server.max_num_seqs
         self.timer = timer
         self.gpu = GpuPrefixCache(server.capacity_blocks())
         kv_bytes = server.model_spec().kv_bytes_per_token
-        if offload is None and tier.offload:
+        if offload is None and tier.stores:
             offload = OffloadHierarchy(tier, kv_bytes)
         self.offload = offload
         self.chunk_tokens = self.offload.chunk_tokens if self.offload else 0
         self.load_async = tier.load_async
-        self.lookup_s = tier.lookup_s if tier.offload else 0.0
-        self.lookup_async = tier.lookup_async and bool(tier.offload)
-        self.connector_s = ((tier.connector_step_s, tier.connector_request_s) if tier.offload
-                            else (0.0, 0.0))
-        self.save_decode_kv = tier.save_decode_kv
+        self.twin_lookup_s = tier.twin_lookup_s if tier.stores else 0.0
+        self.lookup_async = tier.lookup_async and bool(tier.stores)
+        self.connector_s = ((tier.twin_connector_step_s, tier.twin_connector_request_s)
+                            if tier.stores else (0.0, 0.0))
+        self.save_decode_cache = tier.lmcache.save_decode_cache
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.ready: deque[Request] = deque()
@@ -163,7 +163,7 @@ class Scheduler:
 
     def _schedule_running(self, now_s: float, plan: StepPlan) -> int | None:
         """Running requests first; returns the budget left, or None after a preemption."""
-        bt, budget, running, i = self.block_tokens, self.max_batched_tokens, self.running, 0
+        bt, budget, running, i = self.block_tokens, self.max_num_batched_tokens, self.running, 0
         preempted = False
         requests, tokens, chunks = plan.requests, plan.tokens, plan.prefill_chunks
         kv_tokens = plan.kv_tokens
@@ -232,15 +232,15 @@ class Scheduler:
         As LMCache's multi-process connector does it (`check_lookup_result`, polled once per
         scheduler step): the first step sends LOOKUP; the first step after its ack sends
         QUERY_PREFETCH_STATUS; the first step after that reply admits the request. Each of the
-        `LOOKUP_ROUNDS` round trips takes lookup_s / LOOKUP_ROUNDS, and a reply only counts
-        at the next step, so under load a lookup costs a few steps, alone about lookup_s.
+        `LOOKUP_ROUNDS` round trips takes twin_lookup_s / LOOKUP_ROUNDS, and a reply only counts
+        at the next step, so under load a lookup costs a few steps, alone about twin_lookup_s.
         """
         if req.lookup_round < LOOKUP_ROUNDS:
             if req.lookup_round and req.lookup_ready_s > now_s:
                 return True
             req.lookup_round += 1
-            req.lookup_ready_s = now_s + self.lookup_s / LOOKUP_ROUNDS
-            if self.lookup_s > 0:
+            req.lookup_ready_s = now_s + self.twin_lookup_s / LOOKUP_ROUNDS
+            if self.twin_lookup_s > 0:
                 self.new_loads.append(LookupDone(req.lookup_ready_s, req, self.instance))
         return req.lookup_ready_s > now_s
 
@@ -300,7 +300,7 @@ class Scheduler:
         first = req.cached_prompt_tokens < 0
         self._count_admission(req, now_s, total, gpu_hit, ext_end)
         if not self.lookup_async:
-            plan.lookup_wait_s += self.lookup_s
+            plan.lookup_wait_s += self.twin_lookup_s
         if counts is not None:
             self.offload.touch(ids, counts, now_s)
             req.saved_chunks = sum(counts)
@@ -401,7 +401,7 @@ class Scheduler:
     def complete(self, plan: StepPlan, now_s: float) -> list[Request]:
         """Apply a finished step; return the requests that finished with it."""
         bt, ct, gpu, offload = self.block_tokens, self.chunk_tokens, self.gpu, self.offload
-        save_decode_kv = self.save_decode_kv
+        save_decode_cache = self.save_decode_cache
         finished, sampled = [], 0
         for req, n in zip(plan.requests, plan.tokens, strict=True):
             c = req.computed_tokens = req.computed_tokens + n
@@ -413,7 +413,7 @@ class Scheduler:
             if offload is not None:
                 # LMCache stores the prompt's whole chunks; decode KV only with
                 # save_decode_cache
-                saved = c if save_decode_kv or c < prompt else prompt
+                saved = c if save_decode_cache or c < prompt else prompt
                 if saved >= (req.saved_chunks + 1) * ct:
                     upto = saved // ct
                     offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
@@ -446,7 +446,7 @@ class Scheduler:
         if self.waiting and not self.lookup_answered(self.waiting[0], start_s):
             return None
         offload, ct, bt = self.offload, self.chunk_tokens, self.block_tokens
-        if offload is not None and self.save_decode_kv:
+        if offload is not None and self.save_decode_cache:
             return None
         refs, cached = self.gpu.refs, self.gpu.cached
         finish_steps, grow_steps, c0_sum = [], [], 0

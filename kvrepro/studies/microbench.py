@@ -1,7 +1,7 @@
 """Study B's prompt-caching microbenchmark (B6) read from any engine's records.
 
-The same summary serves the simulator's B6 (`kvrepro.engines.sim.study_b`) and the live one
-(`kvrepro.engines.live.microbench_live`): mean measure-round TTFT per tier and prompt length,
+The same summary serves the simulator's B6 (`kvrepro.studies.study_b`) and the live one
+(`kvrepro.studies.microbench_live`): mean measure-round TTFT per tier and prompt length,
 normalised to the MEM tier's, as study B draws it.
 """
 

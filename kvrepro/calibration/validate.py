@@ -24,7 +24,7 @@ same numbers with `kvrepro.analysis.runs` (`METRICS`):
 The live client measures TTFT from its own send, so it includes the API server's
 per-request latency (HTTP, JSON, input processing, streaming), which the simulated engine
 core does not model; the profile's `server.front_end_latency_s` (fitted by
-`kvrepro.engines.sim.fit`) puts it on the simulated first-token and finish times, and so into the
+`kvrepro.calibration.fit`) puts it on the simulated first-token and finish times, and so into the
 closed loop of each simulated session.
 
 `error_pct` = 100 x (sim - live) / live; NaN where live is 0 or either value is missing (a
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvrepro._paths import data_file
 from kvrepro.analysis.runs import (
     fill_time_s,
     prompt_split,
@@ -51,6 +52,7 @@ from kvrepro.analysis.runs import (
     throughput_over_time,
     ttft_over_time,
 )
+from kvrepro.calibration.fit import isolated
 from kvrepro.engines.sim.config import SimProfile, SimTier
 from kvrepro.engines.sim.engine import SimResult, simulate
 from kvrepro.records import Run, read_run
@@ -107,7 +109,7 @@ def live_offload_metrics(samples: pd.DataFrame) -> dict[str, float]:
 
 def sim_offload_metrics(result: SimResult, tier: SimTier) -> dict[str, float]:
     """L1 / L2 hit shares (the records' loaded tokens per store) and L1 fill time (stats)."""
-    records, names = result.records, [s.name for s in tier.offload]
+    records, names = result.records, [s.name for s in tier.stores]
     total = float(records["prompt_tokens"].sum())
 
     def share(i: int) -> float:
@@ -160,9 +162,9 @@ def _deployed_tier(profile: SimProfile, config: Mapping[str, Any], tier: str) ->
     limit GB from the rendered `lmcache_mp` settings); a tier the spec lacks is a baseline."""
     if tier not in profile.tiers:
         return SimTier(name=tier)
-    sim_tier = profile.tiers[tier].model_copy(deep=True, update={"gpu_kv_bytes": None})
+    sim_tier = profile.tiers[tier].model_copy(deep=True, update={"kv_cache_bytes": None})
     mp = config.get("lmcache_mp") or {}
-    stores = sim_tier.offload
+    stores = sim_tier.stores
     if mp and stores:
         stores[0] = stores[0].model_copy(update={"capacity_bytes": mp["l1_size_gib"] * 2**30})
         for store, adapter in zip(stores[1:], mp.get("l2_adapters") or [], strict=False):
@@ -176,8 +178,8 @@ def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
     scheduler limits (exact, from `meta["tier_config"]`) and the spec's tier of that name
     with the run's LMCache sizes (`_deployed_tier`); a name the spec lacks gets no offload."""
     config, tier = meta["tier_config"], meta["tier"]
-    updates = {"gpu_kv_bytes": float(config["kv_cache_memory_bytes"]),
-               "max_batched_tokens": int(config["max_num_batched_tokens"]),
+    updates = {"kv_cache_bytes": float(config["kv_cache_memory_bytes"]),
+               "max_num_batched_tokens": int(config["max_num_batched_tokens"]),
                "max_model_len": int(config["max_model_len"])}
     if config.get("max_num_seqs"):
         updates["max_num_seqs"] = int(config["max_num_seqs"])
@@ -254,8 +256,6 @@ def shipped_runs(live_dir: str | Path | None = None,
                  tiers: tuple[str, ...] = LIVE_TIERS) -> dict[str, list[Path]]:
     """The fit run and the held-out runs, tier folders by run name (`validation_table`'s
     input); `live_dir` defaults to the package's data/live."""
-    from kvrepro._paths import data_file
-
     root = Path(live_dir) if live_dir is not None else data_file("live")
     runs = {"fit": [root / FIT_RUN / t for t in tiers]}
     for name in HELD_OUT_SETS:
@@ -273,12 +273,10 @@ def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]
     deployed = profile_for_run(profile, run.meta)
     s, t = deployed.server, deployed.tier(run.meta["tier"])
     rec = run.records
-    from kvrepro.engines.sim.fit import isolated
-
     lone = rec[isolated(rec) & (rec["output_tokens"] > 4)]
     model = s.model_spec()
     ctx = lone["prompt_tokens"] + lone["output_tokens"] / 2
-    step_s = (s.step_overhead_s + t.connector_step_s + t.connector_request_s
+    step_s = (s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s
               + (model.active_weight_bytes + ctx * model.kv_bytes_per_token)
               / (s.mem_bw_tb_s * 1e12 * s.decode_efficiency))
     res_s = (lone["finish_s"] - lone["first_token_s"]) / (lone["output_tokens"] - 1) - step_s

@@ -24,12 +24,12 @@ from typing import Any
 
 import pandas as pd
 
-from kvrepro.analysis.microbench import b6_summary
 from kvrepro.engines.live.runner import LiveOptions, run_tier
 from kvrepro.engines.live.tiers import TierConfig, live_tier
 from kvrepro.records import read_run
+from kvrepro.studies.microbench import b6_summary
 from kvrepro.tier_spec import ServerSpec, override_server, shipped_server
-from kvrepro.workload.study_b_workloads import MicrobenchSpec, microbenchmark
+from kvrepro.workload.benchmarks import MicrobenchSpec, microbenchmark
 
 LIVE_B6_TIERS: dict[str, tuple[str, dict[str, Any]]] = {
     "mem": ("dram", {}),

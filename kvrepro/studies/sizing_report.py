@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvrepro._paths import data_file
 from kvrepro.calc import endurance, roofline, sizing
-from kvrepro.calc.models import get_model
+from kvrepro.model_spec import get_model
 from kvrepro.tier_spec import StoreSpec, shipped_server
 
 

@@ -31,7 +31,7 @@ def fleet_points(fleet: FleetSpec, *, routings: Sequence[str] = ROUTINGS,
                  rate_per_server_per_min: float = 2.5, duration_s: float = 1800.0,
                  warmup_s: float = 180.0, seed: int = 0,
                  pause: str | None = "study_a") -> list[dict[str, Any]]:
-    """Sweep points (`kvrepro.sweep.default_point`) of `fleet` for every routing x pool x
+    """Sweep points (`kvrepro.studies.whatif.default_point`) of `fleet` for every routing x pool x
     flash size per server (None: the spec's own), at `rate_per_server_per_min` sessions per
     minute per server (the fleet gets n times the single server's load, as study A's server
     x 8 at 8x the rate). The shared pool's settings come from the fleet spec."""
@@ -130,8 +130,8 @@ def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFr
     """The twin on a live fleet run's fleet spec and regenerated workload, its records
     labelled like the live ones (kv_pool, tier, routing, router="twin") so that both go
     through the same summary (`kvrepro.analysis.fleet_live.fleet_live_summary`)."""
+    from kvrepro.calibration.validate import run_seconds, workload_of
     from kvrepro.engines.sim.fleet import simulate_fleet
-    from kvrepro.engines.sim.validate import run_seconds, workload_of
     from kvrepro.records import read_run
 
     run = read_run(run_dir)
@@ -149,7 +149,7 @@ def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,
     tables, matched on (kv_pool, tier, routing, instance); `run` names the configuration
     and `tier` the instance ("instance 0", ..., "total"), the layout of
     `validate.validation_table` and its figures."""
-    from kvrepro.engines.sim.validate import relative_error_pct
+    from kvrepro.calibration.validate import relative_error_pct
 
     keys = ["kv_pool", "tier", "routing", "instance"]
     both = live.merge(sim, on=keys, suffixes=("_live", "_sim"), validate="one_to_one")

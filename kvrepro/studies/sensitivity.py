@@ -4,7 +4,7 @@ Notebook 04 asks how study A's headlines move when one setting of the twin or th
 changes: LMCache's load mode, a load client that caps the requests in flight, a DRAM store
 that keeps what it holds once full, another seed. Each sweep here simulates only what
 changes (the tiers it concerns), keeps the base run's other tiers beside them, reads the
-headlines with the notebook's `analysis.StudyASettings` (the bins and smoothing its
+headlines with the notebook's `StudyASettings` (`study_a_headlines`: the bins and smoothing its
 figures draw) and returns a `Sweep`: one tidy frame, the `check_targets` table of every
 variant stacked with a column naming the variant, and the variants' runs. `reproduced_by`,
 `met_by` and `met_matrix` reshape that frame for display, so no notebook cell loops.
@@ -18,10 +18,10 @@ from typing import Any
 
 import pandas as pd
 
-from kvrepro.analysis.runs import StudyASettings, study_a_headlines
 from kvrepro.engines.sim.campaign import simulate_campaign
-from kvrepro.engines.sim.study_a import check_targets, targets_met
-from kvrepro.reference import compare
+from kvrepro.studies.reference import compare
+from kvrepro.studies.study_a import check_targets, targets_met
+from kvrepro.studies.study_a_headlines import StudyASettings, study_a_headlines
 from kvrepro.tier_spec import ServerSpec, override_server, with_lmcache_flag
 from kvrepro.workload.base import Workload
 

@@ -1,6 +1,6 @@
 """Fit the twin's offload tiers (LMCache L1 and disk) to one live tiered run, in closed form.
 
-`kvrepro.engines.sim.fit` fits the step time to requests that had the server to themselves;
+`kvrepro.calibration.fit` fits the step time to requests that had the server to themselves;
 this module fits what an offload tier adds to them. For each offload tier of the fit run:
 
 1. Connector cost per step. Decode steps of the live tier are slower than the twin's by an
@@ -10,9 +10,9 @@ this module fits what an offload tier adds to them. For each offload tier of the
    minus simulated mean decode step time (on the same request) is regressed on the number
    of requests that overlapped its decode (itself included):
 
-       live ITL - twin ITL = connector_step_s + connector_request_s x running requests
+       live ITL - twin ITL = twin_connector_step_s + twin_connector_request_s x running
 
-   (`TierSpec.twin_connector_step_s`, `twin_connector_request_s`).
+   (`TierSpec.twin_connector_step_s`, `twin_connector_request_s`; running: requests).
 2. Loads. The twin runs the run's workload on the tier as deployed (`validate.simulate_run`). Per
    request it says how many cached tokens came from the engine's prefix cache and how many
    from each offload store (`gpu_hit_tokens`, `loaded_tokens_<store>`). vLLM reports only
@@ -23,7 +23,7 @@ this module fits what an offload tier adds to them. For each offload tier of the
    prefill FLOPs / rate), is regressed on the
    bytes loaded from each store by ordinary least squares:
 
-       residual = lookup_s + sum over stores of loaded_bytes / read_bw
+       residual = twin_lookup_s + sum over stores of loaded_bytes / read_bw
 
    The intercept is the connector's per-request cost (its lookup round trip to the LMCache
    server, which vLLM's scheduler waits for: `TierSpec.twin_lookup_s`); each slope is one
@@ -44,10 +44,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvrepro.calibration.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
+from kvrepro.calibration.validate import simulate_run
 from kvrepro.engines.sim.config import SimProfile
 from kvrepro.engines.sim.engine import SimResult
-from kvrepro.engines.sim.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
-from kvrepro.engines.sim.validate import simulate_run
 from kvrepro.records import Run, read_run
 
 JOIN_KEYS = ["session_id", "turn"]
@@ -59,9 +59,9 @@ class OffloadFit:
 
     tier: str
     run: str
-    lookup_s: float
-    connector_step_s: float
-    connector_request_s: float
+    twin_lookup_s: float
+    twin_connector_step_s: float
+    twin_connector_request_s: float
     read_bw_bytes_s: dict[str, float]
     n_requests: int
     n_loading: dict[str, int]
@@ -78,11 +78,11 @@ def _step_model_s(rows: pd.DataFrame, profile: SimProfile, tier: str) -> np.ndar
     model = s.model_spec()
     cached = rows["cached_prompt_tokens"].astype(int).to_numpy()
     new = rows["prompt_tokens"].to_numpy() - cached
-    work = [chunked_flops(model, int(n), int(c), s.max_batched_tokens)
+    work = [chunked_flops(model, int(n), int(c), s.max_num_batched_tokens)
             for n, c in zip(new, cached, strict=True)]
     flops = np.array([w[0] for w in work])
     chunks = np.array([w[1] for w in work])
-    step_s = s.step_overhead_s + t.connector_step_s + t.connector_request_s
+    step_s = s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s
     return s.front_end_latency_s + chunks * step_s + flops / (s.fp16_tflops * s.mfu * 1e12)
 
 
@@ -115,7 +115,8 @@ def decode_points(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_connector(points: pd.DataFrame) -> tuple[float, float, float]:
-    """(connector_step_s, connector_request_s, rms) from decode points (clipped at 0)."""
+    """(twin_connector_step_s, twin_connector_request_s, rms) from decode points (clipped
+    at 0)."""
     a, b, rms = line_fit(points["running"].to_numpy(float),
                       (points["live_step_s"] - points["sim_step_s"]).to_numpy(float),
                       "connector fit")
@@ -127,7 +128,7 @@ def offload_points(run: Run, result: SimResult, deployed: SimProfile,
     """Lone live requests of a tiered run with the twin's split of their cached tokens:
     `residual_s` and `bytes_<store>` per request; and the tier's store names."""
     run_dir = run.path
-    stores = [st.name for st in deployed.tier(run.meta["tier"]).offload]
+    stores = [st.name for st in deployed.tier(run.meta["tier"]).stores]
     if not stores:
         raise ValueError(f"{run_dir}: tier {run.meta['tier']!r} has no offload stores to fit")
     live = run.records[isolated(run.records)][JOIN_KEYS + ["ttft_s", "prompt_tokens",
@@ -165,9 +166,9 @@ def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str,
                          "not fitted")
         else:
             rates[name] = float(1.0 / slope)
-    return OffloadFit(tier=tier, run=run, lookup_s=max(0.0, float(coef[0])),
-                      connector_step_s=0.0, connector_request_s=0.0, read_bw_bytes_s=rates,
-                      n_requests=len(points),
+    return OffloadFit(tier=tier, run=run, twin_lookup_s=max(0.0, float(coef[0])),
+                      twin_connector_step_s=0.0, twin_connector_request_s=0.0,
+                      read_bw_bytes_s=rates, n_requests=len(points),
                       n_loading={n: int((points[f"bytes_{n}"] > 0).sum()) for n in stores},
                       rms_s=rms, notes=notes)
 
@@ -176,11 +177,12 @@ def with_offload_fit(profile: SimProfile, fit: OffloadFit) -> SimProfile:
     """`profile` with tier `fit.tier`'s lookup cost and fitted read rates."""
     tier = profile.tiers[fit.tier]
     stores = [st.model_copy(update={"read_bw_bytes_s": fit.read_bw_bytes_s[st.name]})
-              if st.name in fit.read_bw_bytes_s else st for st in tier.offload]
+              if st.name in fit.read_bw_bytes_s else st for st in tier.stores]
     tiers = dict(profile.tiers)
     tiers[fit.tier] = tier.model_copy(update={
-        "offload": stores, "lookup_s": fit.lookup_s, "connector_step_s": fit.connector_step_s,
-        "connector_request_s": fit.connector_request_s})
+        "stores": stores, "twin_lookup_s": fit.twin_lookup_s,
+        "twin_connector_step_s": fit.twin_connector_step_s,
+        "twin_connector_request_s": fit.twin_connector_request_s})
     return profile.model_copy(update={"tiers": tiers})
 
 
@@ -190,18 +192,18 @@ def _fit_pass(run: Run, profile: SimProfile, previous: OffloadFit | None) -> Off
     tier, name = run.meta["tier"], str(run.path)
     bare = profile
     if previous is not None:
-        bare = with_offload_fit(profile, replace(previous, connector_step_s=0.0,
-                                                 connector_request_s=0.0))
+        bare = with_offload_fit(profile, replace(previous, twin_connector_step_s=0.0,
+                                                 twin_connector_request_s=0.0))
     result, _, _ = simulate_run(run, bare)
     dec = decode_points(run.records, result.records)
     step_s, request_s, dec_rms = fit_connector(dec)
     seed = previous or OffloadFit(tier, name, 0.0, 0.0, 0.0, {}, 0, {}, float("nan"))
-    with_connector = with_offload_fit(profile, replace(seed, connector_step_s=step_s,
-                                                       connector_request_s=request_s))
+    with_connector = with_offload_fit(profile, replace(seed, twin_connector_step_s=step_s,
+                                                       twin_connector_request_s=request_s))
     result, deployed, _ = simulate_run(run, with_connector)
     points, stores = offload_points(run, result, deployed)
     fit = fit_loads(points, stores, tier, name)
-    return replace(fit, connector_step_s=step_s, connector_request_s=request_s,
+    return replace(fit, twin_connector_step_s=step_s, twin_connector_request_s=request_s,
                    n_decode=len(dec), decode_rms_s=dec_rms)
 
 

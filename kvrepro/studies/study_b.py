@@ -5,7 +5,7 @@ The server is `data/servers/study_b.yaml` (one H100 PCIe, Qwen3-14B BF16, vLLM +
 carry `loaded_tokens_<tier>`). Where each number comes from is written in that file.
 
 * B6 (`b6_records`, `b6_summary`, `run_b6`):
-  `kvrepro.workload.study_b_workloads.microbenchmark` (a fill
+  `kvrepro.workload.benchmarks.microbenchmark` (a fill
   round, then the same prompts again), on every tier; the TTFT of the measure round's
   requests, averaged per prompt length and divided by MEM's. The GPU prefix cache must not
   serve the measure round, or every tier would show the GPU's TTFT and B6 would have no tier
@@ -40,11 +40,11 @@ import pandas as pd
 
 from kvrepro._checks import positive
 from kvrepro._paths import data_file
-from kvrepro.analysis.microbench import TIER_LABELS, b6_summary
 from kvrepro.engines.sim.config import SimProfile, load_profile
 from kvrepro.engines.sim.engine import simulate
+from kvrepro.studies.microbench import TIER_LABELS, b6_summary
 from kvrepro.workload.base import Workload
-from kvrepro.workload.study_b_workloads import (
+from kvrepro.workload.benchmarks import (
     MacrobenchSpec,
     MicrobenchSpec,
     microbenchmark,
@@ -80,7 +80,7 @@ def with_gpu_kv_tokens(profile: SimProfile, tokens: int,
     max_model_len is `max_model_len`: vLLM needs a pool of at least one such request)."""
     tree = profile.model_dump()
     kv_bytes = profile.server.model_spec().kv_bytes_per_token
-    tree["server"]["gpu_kv_bytes"] = float(tokens * kv_bytes)
+    tree["server"]["kv_cache_bytes"] = float(tokens * kv_bytes)
     if max_model_len is not None:
         tree["server"]["max_model_len"] = int(max_model_len)
     return _rebuild(tree)
@@ -94,7 +94,7 @@ def with_cache_capacity(profile: SimProfile, capacity_gb: float) -> SimProfile:
     positive(capacity_gb=capacity_gb)
     tree = profile.model_dump()
     for tier in tree["tiers"].values():
-        for store in tier["offload"]:
+        for store in tier["stores"]:
             store["capacity_bytes"] = capacity_gb * 1e9
     return _rebuild(tree)
 
@@ -301,7 +301,7 @@ def b7_scale(profile: SimProfile | None = None, axis_throughput_tok_s: float = 3
          f"{longest:,} tokens"),
         ("KV bytes of one such request", per_request * kv / 1e9, "GB",
          f"H100 PCIe HBM {H100_PCIE_HBM_BYTES / 1e9:.0f} GB; engine KV budget "
-         f"{server.gpu_kv_bytes / 1e9:.0f} GB"),
+         f"{server.kv_cache_bytes / 1e9:.0f} GB"),
         ("its recompute (prefill, no cache)", recompute_s(per_request), "s",
          f"axis {axis_ttft_s[0]:g}-{axis_ttft_s[1]:g} s"),
         ("its KV load over the host link", per_request * kv / PCIE_GEN5_X16_BYTES_S, "s",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvrepro._paths import data_file
-from kvrepro.provenance import headline_kinds
+from kvrepro.studies.provenance import headline_kinds
 
 HEADLINE_COLUMNS = ["id", "figure", "quantity", "unit", "study", "reproduced", "rel_diff_pct",
                     "kind", "why", "source"]
@@ -27,7 +27,7 @@ def load_reference() -> pd.DataFrame:
 def compare(reproduced: Mapping[str, float], source: str = "",
             kind: str | Mapping[str, str] | None = None) -> pd.DataFrame:
     """Table of reproduced numbers next to the study's, with the relative difference in %
-    and each number's provenance (`kind`, `why`: see `kvrepro.provenance`).
+    and each number's provenance (`kind`, `why`: see `kvrepro.studies.provenance`).
 
     `reproduced` maps reference ids (e.g. "A7.dwpd_raid10") to values in the reference's unit.
     An unknown id is an error, so a typo cannot silently drop a number from the comparison.

@@ -1,4 +1,5 @@
-"""Study B's workloads: the prompt-caching microbenchmark and the multi-turn QPS sweep.
+"""Benchmark workloads: the prompt-caching microbenchmark and the multi-turn QPS sweep
+(study B runs both: `kvrepro.studies.study_b`).
 
 * `microbenchmark`: a fill round sends every prompt once, then a measure round sends the very
   same prompts again, so the measure round is a 100 % prefix-cache hit and its TTFT is the best

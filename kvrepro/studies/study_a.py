@@ -12,9 +12,19 @@ the others count as reproduced (`targets_met`).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import pandas as pd
 
-from kvrepro.provenance import HEADLINE_KINDS, kind_of
+from kvrepro.analysis.runs import fill_time_s
+from kvrepro.engines.sim import SimProfile, sim_profile
+from kvrepro.engines.sim.campaign import simulate_campaign
+from kvrepro.studies.provenance import HEADLINE_KINDS, kind_of
+from kvrepro.tier_spec import ServerSpec
+from kvrepro.workload import AgenticSpec, Workload, generate_agentic
 
 # The pause between turns is not in the study; fitted to the DRAM tier's fill time (~45 min)
 # and peak gain of A2 (see data/servers/study_a.yaml).
@@ -32,7 +42,7 @@ _AT_MOST = {"A2.early_spread": 2.0, "A4.dram_ttft_before_fill": 1.0, "A4.flash_l
 
 NOT_PREDICTED = {ref_id: f"{kind}: {why}" for ref_id, (kind, why) in HEADLINE_KINDS.items()
                  if ref_id.split(".")[0] in ("A2", "A3", "A4", "A5")}
-"""Study A targets that are not predictions (from `kvrepro.provenance`, which says what was
+"""Study A targets that are not predictions (from `kvrepro.studies.provenance`, which says what was
 fitted to what): a calibration summary counts the others only."""
 
 
@@ -52,14 +62,14 @@ def target_for(ref_id: str) -> tuple[str, float] | None:
 
 
 def target_kind(ref_id: str) -> str:
-    """The id's provenance kind (`kvrepro.provenance`): only `predicted` counts as
+    """The id's provenance kind (`kvrepro.studies.provenance`): only `predicted` counts as
     reproduced."""
     return kind_of(ref_id)[0]
 
 
 def check_targets(table: pd.DataFrame) -> pd.DataFrame:
     """Add `target` (text) and `met` (bool, NaN without a target) to a compare() table, and
-    its `kind` (`kvrepro.provenance`) where the table lacks one."""
+    its `kind` (`kvrepro.studies.provenance`) where the table lacks one."""
     targets, met = [], []
     for row in table.itertuples():
         rule = target_for(row.id)
@@ -103,10 +113,10 @@ def implied_baseline(reference: pd.DataFrame | None = None,
     after / retained share, and its gain divides that by the baseline at the peak. Working
     this out shows which of the study's numbers agree with each other (and so which ones a
     single simulated run can meet together). With `simulated` (headlines of
-    `analysis.study_a_headlines`), the same arithmetic is done on the simulated numbers.
+    `study_a_headlines.study_a_headlines`), the same arithmetic is done on the simulated numbers.
     Returns `quantity, formula, study[, simulated]`, in tok/s.
     """
-    from kvrepro.reference import load_reference
+    from kvrepro.studies.reference import load_reference
 
     ref = (reference if reference is not None else load_reference())["value"]
     rows = [("baseline total at DRAM's peak", "dram_after / dram_retained / dram_peak_gain",
@@ -147,7 +157,7 @@ def without_queue_wait(records: pd.DataFrame) -> pd.DataFrame:
     """Simulated records as if no request had waited for admission: `first_token_s` (and
     `ttft_s`, when present) less `queue_s`, the wait from sending a request to its first
     admission. Why: what separates the twin's resumes from the study's is that wait, not
-    the load or recompute; passing these records to `analysis.study_a_resumes` shows the
+    the load or recompute; passing these records to `study_a_headlines.study_a_resumes` shows the
     resumes without it. Needs the simulator's `queue_s` (live records have none)."""
     missing = [c for c in ("send_s", "first_token_s", "queue_s") if c not in records.columns]
     if missing:
@@ -157,3 +167,49 @@ def without_queue_wait(records: pd.DataFrame) -> pd.DataFrame:
     if "ttft_s" in out.columns:
         out["ttft_s"] = out["first_token_s"] - out["send_s"]
     return out
+
+
+# ------------------------------------------------------------------ the campaign
+
+
+def study_a_workload(seed: int = 0, duration_s: float = 5400.0, warmup_s: float = 180.0,
+                     pause: Mapping[str, Any] | None = None,
+                     session_rate_per_min: float = 2.5) -> Workload:
+    """Study A's agentic sessions (`pause` None: the fitted `STUDY_A_PAUSE`).
+
+    Why one function: notebooks 04 and 10 (and the seed sweep) must run the very same
+    workload; written once, a change of the study's shape reaches all of them."""
+    return generate_agentic(AgenticSpec(seed=seed, duration_s=duration_s, warmup_s=warmup_s,
+                                        pause=pause or STUDY_A_PAUSE,
+                                        session_rate_per_min=session_rate_per_min))
+
+
+@dataclass(frozen=True)
+class StudyACampaign:
+    """One simulated study-A campaign: what the figures, headlines and quotes read."""
+
+    workload: Workload
+    profile: SimProfile
+    records: pd.DataFrame
+    samples: pd.DataFrame
+    dram_capacity_bytes: float | None  # the DRAM tier's DRAM store (None: no dram tier)
+    dram_fill_s: float  # when that store first filled (nan: never, or no dram tier)
+
+
+def dram_capacity_bytes(spec: ServerSpec, tier: str = "dram") -> float | None:
+    """Bytes of the store named "dram" in tier `tier` (None when there is no such tier)."""
+    if tier not in spec.tiers:
+        return None
+    return sum(s.capacity_bytes for s in spec.tiers[tier].stores if s.name == "dram")
+
+
+def simulate_study_a(spec: ServerSpec, tiers: Sequence[str], workload: Workload,
+                     warmup_s: float = 180.0, progress: bool = False) -> StudyACampaign:
+    """Study A's tiers of `spec` on the twin, with the DRAM tier's fill time."""
+    profile = sim_profile(spec)
+    records, samples = simulate_campaign(workload, profile, list(tiers), warmup_s=warmup_s,
+                                         progress=progress)
+    capacity = dram_capacity_bytes(spec)
+    fill_s = (fill_time_s(samples, "dram_bytes_used", capacity, tier="dram")
+              if capacity else math.nan)
+    return StudyACampaign(workload, profile, records, samples, capacity, fill_s)

@@ -13,7 +13,7 @@ their times are the step-time model and nothing else:
   memory rate BW (`mem_bw_tb_s`, `decode_efficiency` = 1), the intercept minus W / BW the
   per-step overhead.
 * prefill: a lone request's TTFT = front-end latency + sum over its prefill chunks (at most
-  `max_batched_tokens` each) of (FLOPs / R + step_overhead_s), FLOPs from
+  `max_num_batched_tokens` each) of (FLOPs / R + step_overhead_s), FLOPs from
   `roofline.prefill_flops` with the model's true shape (the attention term grows with the
   cached context, which is why cache hits are not free). The slope of
   TTFT - chunks x overhead against FLOPs gives the effective compute rate R (`fp16_tflops`,
@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvrepro.calc.models import ModelSpec
 from kvrepro.calc.roofline import prefill_flops
 from kvrepro.engines.sim.config import ServerProfile, SimProfile
 from kvrepro.engines.tiny_model import TinyModelSpec
+from kvrepro.model_spec import ModelSpec
 from kvrepro.records import read_run
 
 CPU_BLOCK_TOKENS = 128
@@ -212,7 +212,7 @@ def lone_prefill_residuals(records: pd.DataFrame, server: ServerProfile,
     """
     model, rows = server.model_spec(), []
     for tier, part in records.groupby("tier", sort=False):
-        pts = prefill_points(part, model, server.max_batched_tokens)
+        pts = prefill_points(part, model, server.max_num_batched_tokens)
         predicted = (front_end_latency_s + pts["chunks"] * server.step_overhead_s
                      + pts["flops"] / (server.fp16_tflops * server.mfu * 1e12))
         res = pts["ttft_s"] - predicted
@@ -236,9 +236,9 @@ def fitted_profile(fit: FitResult, tier_config: dict[str, Any],
     server = ServerProfile(
         model=model, fp16_tflops=fit.fp16_tflops, mem_bw_tb_s=fit.mem_bw_tb_s, mfu=1.0,
         decode_efficiency=1.0, step_overhead_s=fit.step_overhead_s,
-        gpu_kv_bytes=float(tier_config["kv_cache_memory_bytes"]),
+        kv_cache_bytes=float(tier_config["kv_cache_memory_bytes"]),
         block_tokens=CPU_BLOCK_TOKENS,
-        max_batched_tokens=int(tier_config["max_num_batched_tokens"]),
+        max_num_batched_tokens=int(tier_config["max_num_batched_tokens"]),
         max_num_seqs=int(tier_config.get("max_num_seqs") or 256),
         max_model_len=int(tier_config["max_model_len"]),
         front_end_latency_s=max(fit.front_end_latency_s, 0.0))
@@ -280,14 +280,3 @@ __all__ = ["CPU_BLOCK_TOKENS", "FitResult", "MIN_DECODE_STEPS", "chunked_flops",
            "decode_points", "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time",
            "fitted_profile", "isolated", "line_fit", "lone_prefill_residuals", "prefill_points",
            "tier_folders", "tiny_model_spec"]
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m kvrepro.engines.sim.fit CAMPAIGN_DIR OUT_YAML`: see `profile_yaml.main`."""
-    from kvrepro.engines.sim.profile_yaml import main as write_main
-
-    write_main(argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,16 @@
+"""Calibration: the twin fitted to, and checked against, live runs of the same server.
+
+Read top to bottom; each module imports only the ones above it, at the top of the module
+(no import inside a function), so the imports run one way and never round a loop:
+
+* `fit`: the step-time model (decode and prefill lines) fitted to a live campaign's lone
+  requests (imports no other calibration module);
+* `validate`: the twin run on a live run's own workload, and the table of twin vs live
+  (imports `fit`: `isolated`, the lone requests);
+* `fit_offload`: each offload tier's costs (lookup, connector, read rate) fitted by twin runs
+  (imports `fit` and `validate`: `simulate_run`);
+* `profile_yaml`: a fitted server spec built as data, validated by
+  `kvrepro.tier_spec.ServerSpec` and only then written as commented YAML (imports `fit` and
+  `fit_offload`);
+* `__main__`: `python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML` (imports `profile_yaml`).
+"""
