@@ -158,6 +158,13 @@ def test_no_two_packages_of_a_layer_import_each_other() -> None:
     assert not cycles(_package_edges(EDGES))
 
 
+@pytest.mark.parametrize("engine,other", [("sim", "live"), ("live", "sim")])
+def test_neither_engine_imports_the_other(engine: str, other: str) -> None:
+    bad = sorted((a, b) for a, b in EDGES if a.startswith(f"kvrepro.engines.{engine}")
+                 and b.startswith(f"kvrepro.engines.{other}"))
+    assert not bad
+
+
 # ------------------------------------------------------------------ the guard, broken on purpose
 
 

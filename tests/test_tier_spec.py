@@ -7,7 +7,6 @@ drops, rescales or defaults a value differently fails here.
 
 from __future__ import annotations
 
-import ast
 import shlex
 from collections import Counter
 from pathlib import Path
@@ -249,27 +248,6 @@ def test_the_simulator_follows_save_decode_and_skip_l1() -> None:
 
 
 # ------------------------------------------------------------------ layout
-
-
-def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-            names |= {f"{node.module}.{a.name}" for a in node.names}
-    return names
-
-
-@pytest.mark.parametrize("engine,other", [("sim", "live"), ("live", "sim")])
-def test_neither_engine_imports_the_other(engine: str, other: str) -> None:
-    files = sorted((ROOT / "kvrepro" / "engines" / engine).rglob("*.py"))
-    assert files
-    bad = {f.name: sorted(n for n in _imports(f) if n.startswith(f"kvrepro.engines.{other}"))
-           for f in files}
-    assert not {k: v for k, v in bad.items() if v}
 
 
 def test_no_two_modules_share_a_name() -> None:
