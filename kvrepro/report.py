@@ -186,11 +186,13 @@ def validation_tables(run_dir: Path) -> dict[str, Any] | None:
     table = pd.read_csv(path)
     summary = summary_table(table).to_dict("records")
     for row in summary:
-        for key in ("median_abs_error_pct", "max_abs_error_pct"):
-            row[key] = _show(row[key], "{:.1f} %")
+        for key in ("median_abs_error", "max_abs_error"):
+            row[key] = _show(row[key], "{:.1f}")
     rows = [{"run": r.run, "tier": r.tier, "metric": r.metric, "live": _show(r.live, "{:.4g}"),
-             "sim": _show(r.sim, "{:.4g}"), "error": _show(r.error_pct, "{:+.1f} %"),
-             "closeness": _closeness(float(r.error_pct))} for r in table.itertuples()]
+             "sim": _show(r.sim, "{:.4g}"), "null_sim": _show(r.null_sim, "{:.4g}"),
+             "error": _show(r.error, "{:+.1f} " + r.error_unit),
+             "informative": "yes" if r.informative else "no: a null twin is as close",
+             "closeness": _closeness(float(r.error))} for r in table.itertuples()]
     return {"summary": summary, "rows": rows, "source": str(path)}
 
 

@@ -235,7 +235,8 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
 
 
 VALIDATION_CSV = "validation.csv"
-"""The twin's validation table (run, tier, metric, live, sim, error_pct), next to the
+"""The twin's validation table (`validate.TABLE_COLUMNS`: run, tier, metric, live, sim,
+null_sim, error, error_unit, null_error, informative), next to the
 headline table in runs/<UTC timestamp>/."""
 
 

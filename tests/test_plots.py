@@ -1,4 +1,5 @@
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 
 from kvrepro.plots import save_figure
@@ -61,3 +62,21 @@ def test_workload_figures() -> None:
         assert "(min)" in labels or "(tokens" in labels
     resumes = figs_[3].axes[0]
     assert len(resumes.get_yticks()) == int(w.turns.is_resume.sum()) > 0
+
+
+def test_error_grid_labels_stay_legible_on_dark_cells() -> None:
+    """Figure sim-validation-errors: a label on a dark cell (a large error, deep red or
+    blue) is light, one on a pale cell (a small error) is dark."""
+    from matplotlib.colors import to_rgba
+
+    from kvrepro.plots.validation_figures import label_colour, sim_validation_errors
+
+    table = pd.DataFrame({"run": ["r"] * 3, "tier": ["t"] * 3,
+                          "metric": ["ttft_median_s", "total_tok_s", "cached_share"],
+                          "error": [80.0, 1.0, -45.0], "error_unit": ["%", "%", "pp"]})
+    fig = sim_validation_errors(table, 10.0)
+    colours = {t.get_text(): to_rgba(t.get_color()) for t in fig.axes[0].texts}
+    assert colours == {"+80 %": to_rgba("white"), "+1.0 %": to_rgba("black"),
+                       "-45 pp": to_rgba("white")}
+    assert label_colour("#ffffff") == "black" and label_colour("#053061") == "white"
+    plt.close(fig)

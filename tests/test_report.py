@@ -24,7 +24,9 @@ FIGURES = ("A7-drive-endurance.png", "kv-write-volume.png")
 VALIDATION = pd.DataFrame({"run": ["fit", "fit", "a-seed-rate"], "tier": ["dram"] * 3,
                            "metric": ["ttft_median_s", "ttft_p90_s", "ttft_median_s"],
                            "live": [1.0, 2.0, 1.0], "sim": [1.05, 2.6, 0.5],
-                           "error_pct": [5.0, 30.0, -50.0]})
+                           "null_sim": [2.0, 4.0, 2.0], "error": [5.0, 30.0, -50.0],
+                           "error_unit": ["%"] * 3, "null_error": [100.0, 100.0, 100.0],
+                           "informative": [True] * 3})
 
 
 class _Tags(html.parser.HTMLParser):

@@ -23,6 +23,7 @@ from kvrepro.analysis.runs import (
     late_window,
     peak,
     plateau,
+    process_cpu,
     prompt_split,
     prompt_tokens_by_source,
     resume_stats,
@@ -36,6 +37,6 @@ from kvrepro.analysis.runs import (
 __all__ = ["RATE_COLUMNS", "RESUME_COLUMNS", "SPLIT_COLUMNS", "TTFT_COLUMNS",
            "common_resume_sessions", "crossover_time_s", "early_spread", "fill_time_s",
            "gain_over_baseline_at_peak", "hit_miss_ttft", "late_bins", "late_window", "peak",
-           "plateau", "prompt_split", "prompt_tokens_by_source", "resume_stats",
+           "plateau", "process_cpu", "prompt_split", "prompt_tokens_by_source", "resume_stats",
            "retained_share", "smooth_rates", "throughput_over_time", "ttft_over_time",
            "window_bins"]

@@ -32,11 +32,19 @@ from kvrepro.calibration.fit import FitResult, fit_live_campaign, tier_folders
 from kvrepro.calibration.fit_offload import OffloadFit, fit_offload_tier
 from kvrepro.engines.sim.config import SimProfile, load_profile
 from kvrepro.records import read_run
-from kvrepro.tier_spec import EngineSpec, ServerSpec, TierSpec
+from kvrepro.tier_spec import EngineSpec, Placement, ServerSpec, TierSpec
 
 LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
                  "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process"}
 """How the live engine serves the tiny model here (the `live:` section the fit writes)."""
+PLACEMENT = {"engine_cpus": "0", "front_cpus": "1", "lmcache_cpus": "1", "client_cpus": "1",
+             "router_cpus": "1"}
+"""This 2-core machine's placement when a campaign recorded none: the engine's one OpenMP
+thread alone on CPU 0, everything else (vLLM's API server and engine core, the LMCache
+server, the load client, a router) on CPU 1; a campaign's own placement (meta.json) wins,
+since the rates fitted on it hold for it."""
+PLACEMENT_NOTE = ("CPUs of every live process, the same for every tier (kvrepro.tier_spec."
+                  "Placement): the placement the fit run was recorded with")
 EXTRA_BASELINES = {"large-kv": 268435456.0}
 """Baseline tiers kept in the spec without being fitted on: `large-kv` (256 MiB of engine
 KV) is what data/live/cpu_tiny and cpu_tiny_heldout ran."""
@@ -285,7 +293,7 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     return text.splitlines()
 
 
-def _server_data(profile: SimProfile) -> dict[str, Any]:
+def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str, Any]:
     """The spec's model, engine, twin and live sections of a fitted profile, each number
     rounded as the spec states it (fitted rates to 4 digits, byte counts whole)."""
     s, m = profile.server, profile.server.model_spec()
@@ -300,7 +308,8 @@ def _server_data(profile: SimProfile) -> dict[str, Any]:
             "front_end_latency_s": float(f"{s.front_end_latency_s:.6f}"),
             "step_combine": s.step_combine, "sample_interval_s": _g(profile.sample_interval_s)}
     return {"description": profile.description, "model": model, "engine": engine,
-            "twin": twin, "live": dict(LIVE_DEFAULTS), "tiers": {}}
+            "twin": twin, "live": dict(LIVE_DEFAULTS),
+            "placement": {k: v for k, v in placement.items() if v is not None}, "tiers": {}}
 
 
 def _add_baselines(text: SpecText, tier_kv_bytes: Mapping[str, float],
@@ -363,7 +372,8 @@ def spec_text(fit: FitResult, profile: SimProfile, fit_runs: Iterable[str] = (),
     s = profile.server
     tiers = dict(tier_kv_bytes or {"baseline": s.kv_cache_bytes})
     fit_runs = list(fit_runs)
-    text = SpecText(_server_data(profile))
+    text = SpecText(_server_data(profile, profile.placement.model_dump()))
+    text.above["placement"] = [PLACEMENT_NOTE]
     text.header = _header(fit, profile, text.data, fit_runs, tiers)
     text.after.update({f"engine.{k}": v for k, v in ENGINE_NOTES.items()})
     text.after.update({f"twin.{k}": v for k, v in TWIN_NOTES.items()})
@@ -421,8 +431,10 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path
     root = Path(campaign_dir)
     baselines, offload_tiers = _split_tiers(root)
     fit, profile = fit_live_campaign(root, baselines)
-    profile = profile.model_copy(update={"server": profile.server.model_copy(
-        update={"step_combine": CPU_STEP_COMBINE})})
+    recorded = (read_run(root / baselines[0]).meta.get("placement") or {}).get("spec")
+    profile = profile.model_copy(update={
+        "server": profile.server.model_copy(update={"step_combine": CPU_STEP_COMBINE}),
+        "placement": Placement.model_validate(recorded or PLACEMENT)})
     kv = {n: read_run(root / n).meta["tier_config"]["kv_cache_memory_bytes"] for n in baselines}
     kv = dict(sorted({**kv, **EXTRA_BASELINES}.items(), key=lambda item: item[1]))
     runs = [f"{root} (tiers {', '.join(baselines)})"]

@@ -1,9 +1,10 @@
 """Figure `sim-validation`: the digital twin's predictions next to the live engine's numbers.
 
 Input is the tidy table of `kvrepro.calibration.validate.validation_table` (run, tier, metric, live,
-sim, error_pct). One panel per metric, paired bars live / sim per (run, tier), the
-relative error written over each pair and set in red when it misses the tolerance, so the
-reader sees at a glance which numbers the simulator reproduces and which it does not.
+sim, error, error_unit, ...): the error in percent, or in percentage points for a share. One
+panel per metric, paired bars live / sim per (run, tier), the error written over each pair
+and set in red when it misses the tolerance (in the row's unit), so the reader sees at a
+glance which numbers the simulator reproduces and which it does not.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.colors import Normalize, to_rgba
 from matplotlib.patches import Patch
 
 from kvrepro.plots import require_columns
@@ -27,6 +29,8 @@ METRIC_AXES = {  # metric -> (panel title, y label, scale from the table's unit)
     "l2_hit_share": ("Prompt tokens from L2 (disk)", "% of prompt tokens", 100.0),
     "l1_fill_s": ("L1 fill (first eviction)", "s into the run", 1.0),
     "resume_ttft_median_s": ("Median resume TTFT", "ms", 1e3),
+    "preemptions": ("Preemptions", "over the window", 1.0),
+    "queue_time_mean_s": ("Mean queue time", "ms", 1e3),
     "throughput_tok_s": ("Throughput", "tok/s (prompt + output)", 1.0),
     "cross_instance_hit_share": ("Cached share of routed-away turns", "% of their prompt "
                                  "tokens", 100.0),
@@ -37,13 +41,27 @@ def _value_label(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def _error_label(err_pct: float) -> str:
-    """Signed error, one decimal below 10 % (no "-0 %")."""
-    if not np.isfinite(err_pct):
+def _error_label(error: float, unit: str = "%") -> str:
+    """Signed error in its unit (% or pp), one decimal below 10 (no "-0 %")."""
+    if not np.isfinite(error):
         return "n/a"
-    digits = 1 if abs(err_pct) < 9.95 else 0
-    value = round(err_pct, digits)
-    return f"{value:+.{digits}f} %" if value != 0 else f"{0:.{digits}f} %"
+    digits = 1 if abs(error) < 9.95 else 0
+    value = round(error, digits)
+    return f"{value:+.{digits}f} {unit}" if value != 0 else f"{0:.{digits}f} {unit}"
+
+
+def _relative_luminance(colour: tuple[float, ...]) -> float:
+    """WCAG relative luminance of an sRGB colour (0 black, 1 white)."""
+    linear = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in colour[:3]]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def label_colour(background: str | tuple[float, ...]) -> str:
+    """Black or white, whichever contrasts more with `background` (WCAG contrast ratio):
+    a label must stay legible on the grid's dark red and dark blue cells."""
+    lum = _relative_luminance(to_rgba(background))
+    on_black, on_white = (lum + 0.05) / 0.05, 1.05 / (lum + 0.05)
+    return "black" if on_black >= on_white else "white"
 
 
 def _panel(ax: Axes, part: pd.DataFrame, metric: str, tolerance_pct: float) -> None:
@@ -54,9 +72,11 @@ def _panel(ax: Axes, part: pd.DataFrame, metric: str, tolerance_pct: float) -> N
     ax.bar(x - width / 2, live, width, color=LIVE_COLOR)
     ax.bar(x + width / 2, sim, width, color=SIM_COLOR)
     top = np.nanmax(np.r_[live, sim, 0.0])
-    for i, err in enumerate(part["error_pct"].to_numpy(float)):
+    units = part["error_unit"].tolist()
+    for i, err in enumerate(part["error"].to_numpy(float)):
         miss = not np.isfinite(err) or abs(err) > tolerance_pct
-        ax.text(x[i], np.nanmax([live[i], sim[i], 0.0]) + 0.03 * top, _error_label(err),
+        ax.text(x[i], np.nanmax([live[i], sim[i], 0.0]) + 0.03 * top,
+                _error_label(err, units[i]),
                 ha="center",
                 va="bottom", fontsize=13, fontweight="bold",
                 color=MISS_COLOR if miss else "0.2")
@@ -72,10 +92,11 @@ def sim_validation(table: pd.DataFrame, tolerance_pct: float = 20.0,
                    title: str = "Simulator vs live engine") -> plt.Figure:
     """Live vs simulated value of every metric, run and tier (figure `sim-validation`).
 
-    `table`: tidy rows (run, tier, metric, live, sim, error_pct), metrics in table
-    order; values in the table's units (seconds, tok/s, fraction), drawn in ms, tok/s and %.
+    `table`: tidy rows (run, tier, metric, live, sim, error, error_unit), metrics in table
+    order; values in the table's units (seconds, tok/s, fraction), drawn in ms, tok/s and %;
+    `tolerance_pct` applies in each row's unit (% or pp).
     """
-    require_columns(table, ["run", "tier", "metric", "live", "sim", "error_pct"],
+    require_columns(table, ["run", "tier", "metric", "live", "sim", "error", "error_unit"],
                     "sim-validation")
     metrics = list(dict.fromkeys(table["metric"]))
     ncols = 2 if len(metrics) > 1 else 1
@@ -91,37 +112,59 @@ def sim_validation(table: pd.DataFrame, tolerance_pct: float = 20.0,
                bbox_to_anchor=(0.0, 0.98))
     fig.suptitle(title, fontsize=18, fontweight="bold", x=0.01, ha="left", y=0.995)
     fig.text(0.99, 0.958, f"over each pair: simulator's error vs live "
-             f"(orange: beyond ±{tolerance_pct:g} %)", ha="right", va="center", fontsize=13,
-             color="0.25")
+             f"(orange: beyond ±{tolerance_pct:g} %, pp for shares)", ha="right",
+             va="center", fontsize=13, color="0.25")
     fig.tight_layout(rect=(0, 0, 1, 0.975))
     return fig
+
+
+ERROR_SPAN = 50.0
+"""The grid's colour scale runs from -ERROR_SPAN to +ERROR_SPAN (% or pp); beyond, it clips."""
 
 
 def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
                           ax: Axes | None = None) -> plt.Figure:
     """Signed error of every (run, tier) and metric as one annotated grid (figure
     `sim-validation-errors`): blue where the twin is low, red where high, blank where a
-    metric does not apply (no offload hits in a baseline, an L1 that never filled); cells
-    beyond the tolerance are outlined."""
-    require_columns(table, ["run", "tier", "metric", "error_pct"], "sim-validation-errors")
-    grid = table.pivot_table(index=["run", "tier"], columns="metric", values="error_pct",
-                             sort=False, dropna=False)
-    grid = grid[[m for m in dict.fromkeys(table["metric"]) if m in grid.columns]]
+    metric does not apply (no offload hits in a baseline, an L1 that never filled); labels
+    bold beyond the tolerance (in the cell's unit, % or pp), in parentheses where the table
+    marks the row not `informative` (a null twin gets as close), black or white by the
+    cell's luminance (`label_colour`)."""
+    require_columns(table, ["run", "tier", "metric", "error", "error_unit"],
+                    "sim-validation-errors")
+    order = list(dict.fromkeys(table["metric"]))
+
+    def pivot(column: str) -> pd.DataFrame:
+        return table.pivot_table(index=["run", "tier"], columns="metric", values=column,
+                                 sort=False, dropna=False, aggfunc="first")
+
+    grid = pivot("error").reindex(columns=order)
+    units = table.drop_duplicates("metric").set_index("metric")["error_unit"]
+    informative = (pivot("informative").reindex(index=grid.index, columns=order)
+                   if "informative" in table else None)
     if ax is None:
         _, ax = plt.subplots(figsize=(1.35 * grid.shape[1] + 3, 0.5 * grid.shape[0] + 2.2))
     values = grid.to_numpy(float)
-    ax.imshow(np.clip(values, -50, 50), cmap="RdBu_r", vmin=-50, vmax=50, aspect="auto")
+    cmap, norm = plt.get_cmap("RdBu_r"), Normalize(-ERROR_SPAN, ERROR_SPAN)
+    ax.imshow(np.clip(values, -ERROR_SPAN, ERROR_SPAN), cmap=cmap, norm=norm, aspect="auto")
     for (i, j), err in np.ndenumerate(values):
-        if np.isfinite(err):
-            ax.text(j, i, _error_label(err), ha="center", va="center", fontsize=10,
-                    fontweight="bold" if abs(err) > tolerance_pct else "normal")
+        if not np.isfinite(err):
+            continue
+        label = _error_label(err, units[grid.columns[j]])
+        if informative is not None and not bool(informative.iat[i, j]):
+            label = f"({label})"
+        ax.text(j, i, label, ha="center", va="center", fontsize=10,
+                color=label_colour(cmap(norm(np.clip(err, -ERROR_SPAN, ERROR_SPAN)))),
+                fontweight="bold" if abs(err) > tolerance_pct else "normal")
     ax.set_xticks(range(grid.shape[1]),
                   [METRIC_AXES.get(m, (m,))[0] for m in grid.columns], rotation=30, ha="right")
     ax.set_yticks(range(grid.shape[0]), [f"{r} · {t}" for r, t in grid.index])
-    ax.set_title(f"Simulator's signed error vs live (bold: beyond ±{tolerance_pct:g} %; "
-                 "blank: does not apply)", fontsize=12, loc="left")
+    ax.set_title(f"Simulator's signed error vs live (% or pp for shares; bold: beyond "
+                 f"±{tolerance_pct:g}; (in parentheses): a null twin gets as close; "
+                 "blank: does not apply)", fontsize=11, loc="left")
     ax.figure.tight_layout()
     return ax.figure
 
 
-__all__ = ["METRIC_AXES", "sim_validation", "sim_validation_errors"]
+__all__ = ["ERROR_SPAN", "METRIC_AXES", "label_colour", "sim_validation",
+           "sim_validation_errors"]

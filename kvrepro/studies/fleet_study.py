@@ -145,11 +145,12 @@ def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFr
 
 def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,
                             metrics: Sequence[str] = FLEET_METRICS) -> pd.DataFrame:
-    """Tidy rows (run, tier, metric, live, sim, error_pct) of two `fleet_live_summary`
-    tables, matched on (kv_pool, tier, routing, instance); `run` names the configuration
-    and `tier` the instance ("instance 0", ..., "total"), the layout of
-    `validate.validation_table` and its figures."""
-    from kvrepro.calibration.validate import relative_error_pct
+    """Tidy rows (run, tier, metric, live, sim, error, error_unit) of two
+    `fleet_live_summary` tables (shares in percentage points, the rest in percent, as
+    `validate.metric_error` scores them), matched on (kv_pool, tier, routing, instance);
+    `run` names the configuration and `tier` the instance ("instance 0", ..., "total"), the
+    layout of `validate.validation_table` and its figures."""
+    from kvrepro.calibration.validate import error_unit, metric_error
 
     keys = ["kv_pool", "tier", "routing", "instance"]
     both = live.merge(sim, on=keys, suffixes=("_live", "_sim"), validate="one_to_one")
@@ -160,8 +161,9 @@ def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,
         for metric in metrics:
             lv, sv = float(row[f"{metric}_live"]), float(row[f"{metric}_sim"])
             rows.append({"run": run, "tier": where, "metric": metric, "live": lv, "sim": sv,
-                         "error_pct": relative_error_pct(lv, sv)})
-    return pd.DataFrame(rows, columns=["run", "tier", "metric", "live", "sim", "error_pct"])
+                         "error": metric_error(metric, lv, sv), "error_unit": error_unit(metric)})
+    return pd.DataFrame(rows, columns=["run", "tier", "metric", "live", "sim", "error",
+                                       "error_unit"])
 
 
 def fleet_validation(live_dir: str | Path, progress: bool = False) -> pd.DataFrame:

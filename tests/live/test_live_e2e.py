@@ -96,6 +96,35 @@ def test_campaign_completes_and_server_is_gone(campaign, tiers) -> None:
     assert server_pids(tiers["small-kv"].port) == []
 
 
+def test_every_tier_ran_on_the_specs_cpus(campaign, tiers) -> None:
+    """meta.json keeps the binding vLLM logged and each process's CPUs; both tiers ran
+    where the spec's placement says (run_campaign refuses a campaign whose tiers differ:
+    tests/test_placement.py)."""
+    from kvrepro.engines.live.placement import affinity_summary
+
+    out, _ = campaign
+    placement = tiers["small-kv"].placement
+    for name in ("small-kv", "large-kv"):
+        record = read_run(out / name).meta["placement"]
+        assert record["vllm_logged"]["core_ids"] == [sorted(placement.cpus("engine"))]
+        roles = affinity_summary(record["affinity"])
+        assert roles["worker"] == [sorted(placement.cpus("engine"))], name
+        assert roles["api_server"] == [sorted(placement.cpus("front"))], name
+        assert roles["client"] == [sorted(placement.cpus("client"))], name
+
+
+def test_samples_carry_what_each_process_did(campaign) -> None:
+    """CPU seconds and involuntary context switches of every run process, cumulative."""
+    out, _ = campaign
+    samples = read_run(out / "small-kv").samples
+    for role in ("api_server", "engine_core", "worker", "client"):
+        user = samples[f"proc_{role}_cpu_user_s"].dropna()
+        assert user.is_monotonic_increasing and user.iloc[-1] > user.iloc[0], role
+        assert f"proc_{role}_ctx_involuntary" in samples
+    worker = samples["proc_worker_cpu_user_s"].dropna()
+    assert worker.iloc[-1] - worker.iloc[0] > 1.0  # the model ran in the worker
+
+
 def test_later_turns_hit_the_prefix_cache(campaign) -> None:
     out, _ = campaign
     rec = read_run(out / "large-kv").records

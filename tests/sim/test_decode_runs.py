@@ -44,8 +44,11 @@ from kvrepro.workload.base import Workload
 # e68b3c6> .venv/bin/python tests/sim/test_decode_runs.py`. A deliberate change of the model
 # (step time, scheduling, caches, stores, records) changes them: recompute and update them
 # with the same command on the changed code, and say why in the commit.
-STUDY_A_20MIN_RECORDS_SHA256 = "2ae79e6b99f0e0ae5fcf6ff5f3a4aad39bfeaf12be4e6e0f9d134000cae6c95b"
-STUDY_A_20MIN_SAMPLES_SHA256 = "63fa7f0862832dc1cf4ea622cf7cd2e8d24cf9ca7999edb47c889b3bd048bd88"
+# Recomputed for issue 26 item 3 (the scheduler follows vLLM 0.32's admission: the whole
+# sequence must fit, the null block, the in-flight prefills' reservation of async loads,
+# loads issued at the end of the admitting step, no LMCache-MP load after a preemption).
+STUDY_A_20MIN_RECORDS_SHA256 = "1c18d31476717ad4609306adb6a9e31769ba99f300058a112ab0e0a7fc4d91ee"
+STUDY_A_20MIN_SAMPLES_SHA256 = "1f69f17f5c7fb531d68af31ff76db790f7464fd9bcf4e7622acb79ecaa851e83"
 STUDY_A_20MIN_RECORDS = 1347
 
 

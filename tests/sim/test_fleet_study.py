@@ -76,9 +76,12 @@ def test_compare_fleet_summaries_matches_instances_and_signs_errors() -> None:
     out = compare_fleet_summaries(live, sim, ["throughput_tok_s", "ttft_median_s",
                                               "cached_share"])
     table = out.set_index(["tier", "metric"])
-    assert table.at[("instance 0", "throughput_tok_s"), "error_pct"] == pytest.approx(10.0)
-    assert table.at[("total", "throughput_tok_s"), "error_pct"] == pytest.approx(-10.0)
-    assert table.at[("total", "ttft_median_s"), "error_pct"] == pytest.approx(-50.0)
-    assert table.at[("instance 0", "cached_share"), "error_pct"] == pytest.approx(-50.0)
-    assert math.isnan(table.at[("total", "cached_share"), "error_pct"])  # live 0: no ratio
+    assert table.at[("instance 0", "throughput_tok_s"), "error"] == pytest.approx(10.0)
+    assert table.at[("total", "throughput_tok_s"), "error"] == pytest.approx(-10.0)
+    assert table.at[("total", "ttft_median_s"), "error"] == pytest.approx(-50.0)
+    # shares in percentage points: 0.25 vs 0.5 is -25 pp, and 0.3 vs 0 is +30 pp (no ratio)
+    assert table.at[("instance 0", "cached_share"), "error"] == pytest.approx(-25.0)
+    assert table.at[("total", "cached_share"), "error"] == pytest.approx(30.0)
+    assert set(table["error_unit"]) == {"%", "pp"}
+    assert table.at[("total", "cached_share"), "error_unit"] == "pp"
     assert set(out.run) == {"shared dram, round robin"}

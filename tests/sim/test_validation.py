@@ -209,30 +209,69 @@ def _records(ttft_s: list[float], tier: str = "t") -> pd.DataFrame:
 def test_run_metrics_and_errors_on_a_hand_built_case() -> None:
     records = _records([9.0, 1, 2, 3, 4, 5])
     records.loc[4, "is_resume"] = True  # TTFT 4 s
-    live = validate.run_metrics(records, run_s=100.0)
-    # warm-up request (TTFT 9) left out of TTFT; 6 requests x 110 tokens over 100 s
+    live = validate.run_metrics(records, validate.Window(10.0, 100.0))
+    # warm-up request (TTFT 9) left out of everything; 5 requests x 110 tokens over the
+    # window's 90 s
     assert live["ttft_median_s"] == pytest.approx(3.0)
     assert live["ttft_p90_s"] == pytest.approx(4.6)
-    assert live["total_tok_s"] == pytest.approx(6.6)
-    assert live["output_tok_s"] == pytest.approx(0.6)
+    assert live["total_tok_s"] == pytest.approx(5 * 110 / 90)
+    assert live["output_tok_s"] == pytest.approx(5 * 10 / 90)
     assert live["cached_share"] == pytest.approx(0.25)
     assert live["resume_ttft_median_s"] == pytest.approx(4.0)
     assert math.isnan(live["l1_hit_share"]) and math.isnan(live["l1_fill_s"])
+    assert math.isnan(live["preemptions"]) and math.isnan(live["queue_time_mean_s"])
     sim = {**live, "ttft_median_s": 3.3, "ttft_p90_s": 2.3, "cached_share": 0.35,
            "l1_hit_share": 0.5}
-    table = validate.compare_metrics(live, sim, "r", "t")
+    null = {**live, "ttft_median_s": 3.1, "ttft_p90_s": 1.0, "cached_share": 0.30,
+            "total_tok_s": live["total_tok_s"] * 1.05}
+    table = validate.compare_metrics(live, sim, null, "r", "t")
     assert list(table.columns) == list(validate.TABLE_COLUMNS)
     assert table.metric.tolist() == list(validate.METRICS)
-    errors = table.set_index("metric").error_pct
-    assert errors[["ttft_median_s", "ttft_p90_s", "total_tok_s", "cached_share"]].tolist() \
-        == pytest.approx([10.0, -50.0, 0.0, 40.0])
-    assert math.isnan(errors["l1_hit_share"])  # no live value: not judged
+    rows = table.set_index("metric")
+    assert rows.loc[["ttft_median_s", "ttft_p90_s", "total_tok_s", "cached_share"],
+                    "error"].tolist() == pytest.approx([10.0, -50.0, 0.0, 10.0])
+    assert rows.loc["cached_share", "error_unit"] == "pp"  # 35 % vs 25 % of the prompts
+    assert rows.loc["ttft_median_s", "error_unit"] == "%"
+    # the null twin: TTFT median +3.3 % and throughput +5 % (not evidence), p90 -78 % and
+    # cached share +5 pp
+    assert rows.informative.to_dict() == {
+        **{m: False for m in validate.METRICS}, "ttft_p90_s": True}
+    assert math.isnan(rows.loc["l1_hit_share", "error"])  # no live value: not judged
     assert math.isnan(validate.relative_error_pct(0.0, 1.0))
+    assert validate.metric_error("l2_hit_share", 0.0, 0.05) == pytest.approx(5.0)
     summary = validate.summary(table, 10.0)
-    # judged: TTFT median (+10) and p90 (-50), both throughputs and resume TTFT (0), cached
-    # share (+40); the offload metrics have no live value
-    assert summary["n_metrics"] == 6 and summary["n_within"] == 4
-    assert summary["median_abs_error_pct"] == pytest.approx(5.0)
+    # judged: TTFT median, p90, both throughputs, cached share, resume TTFT; of them only p90
+    # is informative (the null twin is 78 % off), the other 5 are shown but not counted
+    assert summary["n_metrics"] == 1 and summary["n_within"] == 0
+    assert summary["n_not_informative"] == 5
+    assert summary["median_abs_error"] == pytest.approx(50.0)
+
+
+def test_counters_are_differenced_between_the_samples_nearest_the_window() -> None:
+    samples = pd.DataFrame({"time_s": [0.0, 2.0, 9.0, 11.0, 99.0, 101.0, 140.0],
+                            "preemptions": [0.0, 1, 2, 5, 9, 10, 30],
+                            "queue_time_sum_s": [0.0, 0, 1, 1, 4, 5, 9],
+                            "queue_time_count": [0.0, 1, 2, 2, 8, 10, 12]})
+    window = validate.Window(10.0, 100.0)
+    # nearest 10 s: the 9 s sample (first of two at 1 s); nearest 100 s: the 99 s one
+    assert validate.counter_increase(samples, "preemptions", window) == 7.0
+    counters = validate.live_counter_metrics(samples, window)
+    assert counters["queue_time_mean_s"] == pytest.approx(3 / 6)
+    assert math.isnan(validate.counter_increase(samples, "absent", window))
+
+
+def test_null_profile_is_fast_and_free(shipped) -> None:
+    profile = shipped[0]
+    null = validate.null_profile(profile)
+    assert null.server.fp16_tflops == pytest.approx(100 * profile.server.fp16_tflops)
+    assert null.server.mem_bw_tb_s == pytest.approx(100 * profile.server.mem_bw_tb_s)
+    assert null.server.step_overhead_s == 0 and null.server.front_end_latency_s == 0
+    for name, tier in null.tiers.items():
+        assert (tier.twin_lookup_s, tier.twin_connector_step_s,
+                tier.twin_connector_request_s) == (0, 0, 0)
+        assert [s.read_bw_bytes_s for s in tier.stores] == pytest.approx(
+            [100 * s.read_bw_bytes_s for s in profile.tiers[name].stores])
+    assert profile.server.step_overhead_s > 0  # the original is untouched
 
 
 def test_profile_for_run_takes_the_tier_config(shipped) -> None:
@@ -263,10 +302,15 @@ def test_validation_table_has_every_metric_per_run_and_tier(validation) -> None:
     counts = table.groupby(["run", "tier"]).metric.apply(sorted)
     assert all(m == sorted(validate.METRICS) for m in counts)
     assert set(records.engine) == {"live", "sim"} and set(records.run) == {"fit", "held-out"}
-    judged = table[~table.metric.isin(["l1_hit_share", "l2_hit_share", "l1_fill_s"])]
-    assert np.isfinite(judged[["live", "sim", "error_pct"]].to_numpy()).all()
+    judged = table[~table.metric.isin(["l1_hit_share", "l2_hit_share", "l1_fill_s",
+                                        "preemptions"])]
+    assert np.isfinite(judged[["live", "sim", "null_sim", "error", "null_error"]]
+                       .to_numpy(float)).all()
     offload = table[table.metric.isin(["l1_hit_share", "l2_hit_share"])]
     assert (offload.sim == 0).all()  # baselines: no offload store, no offload hits
+    # a baseline's zero offload share is no evidence: the null twin has it too
+    assert not offload.informative.any()
+    assert set(table.error_unit) == {"%", "pp"}
 
 
 def test_sim_reproduces_the_live_cache_ordering_on_the_held_out_run(validation) -> None:
@@ -285,13 +329,16 @@ def test_validation_figures_draw_every_metric(validation) -> None:
     titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
     assert titles == ["Median TTFT", "p90 TTFT", "Total throughput", "Cached-token share"]
     labels = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert len(labels) == 16 and all(label.endswith("%") for label in labels)
+    assert len(labels) == 16 and all(label.endswith(("%", "pp")) for label in labels)
+    assert sum(label.endswith("pp") for label in labels) == 4  # the cached share
     plt.close(fig)
     grid = sim_validation_errors(table, 10.0)
     ax = grid.axes[0]
     assert len(ax.get_yticklabels()) == 4 and len(ax.get_xticklabels()) == len(validate.METRICS)
-    judged = int(table.error_pct.notna().sum())
+    judged = int(table.error.notna().sum())
     assert len(ax.texts) == judged  # one label per judged cell, none for blanks
+    not_evidence = int((table.error.notna() & ~table.informative).sum())
+    assert sum(t.get_text().startswith("(") for t in ax.texts) == not_evidence
     plt.close(grid)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,6 +32,7 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvrepro._checks import require_columns
+from kvrepro.engines.live.placement import is_process_key
 
 # Labels that say which engine/model produced a series, not what it counts: summed over.
 SUMMED_LABELS = frozenset({"engine", "model_name", "served_model_name"})
@@ -221,6 +222,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 def is_cumulative(key: str) -> bool:
     """Whether a sample key is a counter (or histogram sum/count) that only grows."""
+    if is_process_key(key):
+        return True
     if key.startswith(tuple(_clean(p) for p in PASS_THROUGH_PREFIXES)):
         return key.split("__", 1)[0].endswith(("_total", "_sum", "_count"))
     for series in ALL_SERIES:
@@ -275,10 +278,12 @@ def _next_slot(slot: int, elapsed_s: float, interval_s: float) -> int:
 async def sample_metrics(base_url: str, writer: SampleWriter, clock: SamplerClock,
                          interval_s: float, stop_event: asyncio.Event,
                          session: aiohttp.ClientSession | None = None,
-                         extra_urls: Sequence[str] = ()) -> int:
+                         extra_urls: Sequence[str] = (),
+                         extra_values: Callable[[], dict[str, float]] | None = None) -> int:
     """Scrape `{base_url}/metrics` (and `{url}/metrics` of each of `extra_urls`, e.g. the
     LMCache server's) every `interval_s` until `stop_event` is set; one sample per scrape
-    holds all of them (an extra URL's failure is `scrape_error_<i>`, not the sample's).
+    holds all of them (an extra URL's failure is `scrape_error_<i>`, not the sample's), and
+    what `extra_values()` returns then (the run processes' CPU accounting).
 
     Each scrape is written as `{"time_s": <clock time when the scrape was sent>,
     "scrape_duration_s": ..., **parse_metrics(...)}`, or with `scrape_error` instead of the
@@ -304,6 +309,8 @@ async def sample_metrics(base_url: str, writer: SampleWriter, clock: SamplerCloc
                 if "scrape_error" in more:
                     more = {f"scrape_error_{i + 1}": more["scrape_error"]}
                 values.update(more)
+            if extra_values is not None:
+                values.update(extra_values())
             writer.write_sample({"time_s": sent_s, "scrape_duration_s": clock.now_s() - sent_s,
                                  **values})
             written += 1

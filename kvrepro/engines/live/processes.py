@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Self
 
+from kvrepro.engines.live.placement import preexec
+
 
 class ServerError(RuntimeError):
     """A server process could not start, or died while serving."""
@@ -144,8 +146,10 @@ class ManagedProcess:
     """One command in its own process group, logging to a file; always stoppable."""
 
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str],
-                 health_url: str):
+                 health_url: str, cpus: frozenset[int] | None = None):
+        # cpus: the CPUs the process (and all it starts) may run on; None: the OS's choice
         self.name, self.command, self.log_path = name, command, log_path
+        self.cpus = cpus
         self.env, self.health_url = env, health_url
         self.process: subprocess.Popen | None = None
         self.started: dict[int, int] = {}  # every pid seen in the family -> its start ticks
@@ -200,7 +204,7 @@ class ManagedProcess:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=preexec(self.cpus))
         self.track()
 
     def died(self, when: str) -> ServerError:

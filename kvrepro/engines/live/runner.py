@@ -13,7 +13,10 @@ same workload, one run folder per tier.
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,12 @@ from kvrepro._paths import child_path
 from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import ClientConfig, ClientStats, RealClock, run_workload
 from kvrepro.engines.live.metrics import sample_metrics
+from kvrepro.engines.live.placement import (
+    ProcessAccounting,
+    affinities,
+    affinity_summary,
+    pinned_client,
+)
 from kvrepro.engines.live.server import ServerError, VllmServer
 from kvrepro.engines.live.tiers import TierConfig, live_tier
 from kvrepro.engines.run_result import DRAIN_TIMEOUT_S, RunResult
@@ -61,8 +70,10 @@ async def _drive(server: VllmServer, workload: Workload, writer: RunWriter,
     clock, stop = RealClock(), asyncio.Event()
     watchdog = asyncio.create_task(_watch(server, stop))
     extra = [server.lmcache_url] if server.lmcache_url else []
+    accounting = ProcessAccounting(lambda: {**server.roles(), os.getpid(): "client"})
     sampler = asyncio.create_task(sample_metrics(server.base_url, writer, clock, interval_s,
-                                                 stop, extra_urls=extra))
+                                                 stop, extra_urls=extra,
+                                                 extra_values=accounting.sample))
     try:
         stats = await run_workload(workload, writer, config, clock=clock, stop_event=stop)
     finally:
@@ -90,6 +101,7 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
     meta = _meta(tier, workload, options)
     if server is not None:
         meta["server_spec"] = server.model_dump(mode="json")
+    meta["started_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     with RunWriter(run_dir, meta) as writer:
         with VllmServer(tier, run_dir, python=options.python) as deployed:
             writer.meta["startup_s"] = deployed.wait_healthy()
@@ -99,11 +111,46 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
                 duration_s=options.duration_s, warmup_s=options.warmup_s,
                 drain_timeout_s=options.drain_timeout_s, extra_body=options.extra_body or None,
                 max_in_flight=options.max_in_flight)
-            stats = asyncio.run(_drive(deployed, workload, writer, config,
-                                       options.sample_interval_s))
+            with pinned_client(tier.placement.cpus("client")):
+                writer.meta["placement"] = deployed.placement_record()
+                writer.meta["placement"]["affinity"].update(
+                    affinities({os.getpid(): "client"}))
+                stats = asyncio.run(_drive(deployed, workload, writer, config,
+                                           options.sample_interval_s))
         writer.meta["cleaned_up"] = deployed.cleaned
         writer.meta["client"] = stats.as_dict()
     return stats
+
+
+class PlacementMismatch(ValueError):
+    """Two tiers of one campaign ran on different CPUs: not a tier comparison."""
+
+
+def placement_signature(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What every tier of a campaign must share: the OpenMP binding vLLM logged (its bind
+    setting and core ids) and the CPU sets of each process role's threads."""
+    record = meta.get("placement") or {}
+    logged = record.get("vllm_logged") or {}
+    return {"omp_threads_bind": logged.get("omp_threads_bind"),
+            "core_ids": logged.get("core_ids"),
+            **{f"cpus_{role}": sets for role, sets in
+               affinity_summary(record.get("affinity") or {}).items()}}
+
+
+def check_same_placement(metas: Mapping[str, Mapping[str, Any]]) -> None:
+    """Raise PlacementMismatch naming the tiers and the setting when the run metas of one
+    campaign differ in their placement; a role only some tiers have (the LMCache server) is
+    compared among those that have it."""
+    signatures = {name: placement_signature(meta) for name, meta in metas.items()}
+    keys = sorted(set().union(*signatures.values())) if signatures else []
+    problems = []
+    for key in keys:
+        seen = {name: sig[key] for name, sig in signatures.items() if key in sig}
+        if len({repr(v) for v in seen.values()}) > 1:
+            problems.append(f"{key}: " + ", ".join(f"{n} {v}" for n, v in seen.items()))
+    if problems:
+        raise PlacementMismatch("tiers of one campaign ran on different CPUs: "
+                                + "; ".join(problems))
 
 
 def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Path,
@@ -114,6 +161,8 @@ def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Pat
     their stats or their error. SIGINT or SIGTERM stops the whole campaign (after tearing
     the running tier down; what it recorded stays in its folder). Every tier's folder is
     checked to lie inside `out_dir` before the first tier starts (ValueError otherwise).
+    At the end the tiers that ran must have run on the same CPUs (`check_same_placement`:
+    PlacementMismatch otherwise, with every folder kept).
     """
     folders = {tier.name: child_path(out_dir, tier.name, "tier") for tier in tiers}
     results: dict[str, ClientStats | Exception] = {}
@@ -125,6 +174,8 @@ def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Pat
                 results[tier.name] = err
             if seen:
                 raise KeyboardInterrupt(f"campaign stopped by signal {seen[0]}")
+    check_same_placement({name: read_run(folders[name]).meta for name, stats in results.items()
+                          if not isinstance(stats, Exception)})
     return results
 
 

@@ -24,6 +24,14 @@ from typing import Any
 import yaml
 
 from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
+from kvrepro.engines.live.placement import (
+    affinities,
+    pin_vllm,
+    read_binding,
+    union,
+    vllm_env,
+    vllm_processes,
+)
 from kvrepro.engines.live.processes import (
     ManagedProcess,
     ServerError,
@@ -92,6 +100,7 @@ class VllmServer(StartedOnEnter):
         self.shm: SharedMemory | None = None
         self.watcher: Watcher | None = None
         self.cleaned: dict[str, Any] = {}
+        self.pinned_threads: dict[str, int] = {}
 
     @property
     def base_url(self) -> str:
@@ -113,7 +122,7 @@ class VllmServer(StartedOnEnter):
         """Write commands, tier and LMCache config into the run folder; return cmd and env."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         command = server_command(self.tier, self.python, _resolve_model(self.tier))
-        env = {**os.environ, **self.tier.env}
+        env = {**os.environ, **vllm_env(self.tier.placement), **self.tier.env}
         cache_cfg = lmcache_config(self.tier)
         if cache_cfg is not None:
             from kvrepro.engines.live.lmcache_keys import validate_lmcache_config
@@ -132,7 +141,7 @@ class VllmServer(StartedOnEnter):
         self.lmcache = ManagedProcess(
             f"LMCache server for tier {self.tier.name!r}", command,
             self.run_dir / "lmcache_server.log", {**env, "LMCACHE_DISABLE_BANNER": "1"},
-            f"{self.lmcache_url}/healthcheck")
+            f"{self.lmcache_url}/healthcheck", cpus=self.tier.placement.cpus("lmcache"))
         self.lmcache.start()
         self.lmcache.wait_healthy(self.tier.lmcache_mp.startup_timeout_s, self.health_poll_s)
 
@@ -151,8 +160,11 @@ class VllmServer(StartedOnEnter):
         self.watcher.start()
         if self.tier.lmcache_mp is not None and not self.external_lmcache:
             self._start_lmcache(env)
+        placement = self.tier.placement
+        # its worker must be allowed the engine CPUs to bind its OpenMP threads to them
         self.vllm = ManagedProcess(f"vLLM server for tier {self.tier.name!r}", command,
-                                   self.log_path, env, f"{self.base_url}/health")
+                                   self.log_path, env, f"{self.base_url}/health",
+                                   cpus=union(placement.cpus("front"), placement.cpus("engine")))
         self.vllm.start()
 
     def _processes(self) -> list[ManagedProcess]:
@@ -175,8 +187,26 @@ class VllmServer(StartedOnEnter):
         """Block until /health answers; return the seconds it took. Raise on exit/timeout."""
         if self.vllm is None:
             raise ServerError(f"vLLM server for tier {self.tier.name!r} was not started")
-        return self.vllm.wait_healthy(timeout_s or self.tier.startup_timeout_s,
-                                      self.health_poll_s)
+        took_s = self.vllm.wait_healthy(timeout_s or self.tier.startup_timeout_s,
+                                        self.health_poll_s)
+        self.pinned_threads = pin_vllm(self.vllm.process.pid, self.tier.placement)
+        return took_s
+
+    def roles(self) -> dict[int, str]:
+        """The run's server processes now, pid -> role (api_server, engine_core, worker,
+        lmcache_server): what `ProcessAccounting` and `placement_record` read."""
+        pids = vllm_processes(self.vllm.process.pid) if self.vllm and self.vllm.process else {}
+        if self.lmcache is not None and self.lmcache.process is not None:
+            pids[self.lmcache.process.pid] = "lmcache_server"
+        return pids
+
+    def placement_record(self) -> dict[str, Any]:
+        """What the run's meta.json keeps of its CPUs: the spec's placement, the binding
+        vLLM logged, the threads pinned, and each process's CPUs as the kernel says."""
+        return {"spec": self.tier.placement.model_dump(),
+                "vllm_logged": read_binding(self.log_path),
+                "pinned_threads": dict(self.pinned_threads),
+                "affinity": affinities(self.roles())}
 
     def check_alive(self) -> None:
         """Raise ServerError if vLLM or the LMCache server has exited (call it during a run)."""

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from kvrepro.tier_spec import TINY_MODEL, ServerSpec, TierSpec, load_server
+from kvrepro.tier_spec import TINY_MODEL, Placement, ServerSpec, TierSpec, load_server
 
 __all__ = ["TINY_MODEL", "LMCacheMPSettings", "LMCacheSettings", "TierConfig", "format_command",
            "live_tier", "live_tiers", "lmcache_config", "lmcache_server_args",
@@ -100,6 +100,8 @@ class TierConfig(BaseModel):
     native_offload_gib: float | None = Field(None, gt=0)
     extra_args: list[str] = Field(default_factory=list, description="more vllm flags")
     env: dict[str, str] = Field(default_factory=dict)
+    placement: Placement = Field(default_factory=Placement, description="the CPUs of each "
+                                 "process (the server spec's, the same for every tier)")
     startup_timeout_s: float = Field(900, gt=0)
     disk_dir: str | None = Field(None, description="the flash folder LMCache writes to")
     keep_disk_files: bool = Field(False, description="leave the files the run wrote there")
@@ -330,7 +332,7 @@ def live_tier(spec: ServerSpec, name: str, lmcache_mode: str | None = None) -> T
         kv_cache_memory_bytes=int(kv_per_gpu), max_model_len=engine.max_model_len,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, dtype=live.dtype,
-        extra_args=list(live.extra_args), env=dict(live.env),
+        extra_args=list(live.extra_args), env=dict(live.env), placement=spec.placement,
         startup_timeout_s=live.startup_timeout_s,
         **_offload_fields(tier, lmcache_mode or live.lmcache_mode))
 

@@ -43,6 +43,7 @@ from kvrepro.model_spec import ModelSpec, get_model
 from kvrepro.tier_spec import (
     EngineSpec,
     LMCacheMode,
+    Placement,
     ServerSpec,
     StoreModel,
     StoreSpec,
@@ -194,6 +195,9 @@ class SimProfile(BaseModel):
     server: ServerProfile
     tiers: dict[str, SimTier] = Field(min_length=1)
     sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
+    placement: Placement = Field(default_factory=Placement, description="the live server's "
+                                 "CPUs: the twin's rates hold for the placement they were "
+                                 "fitted on, and a live run is compared only on it")
 
     @model_validator(mode="after")
     def _tier_names(self) -> SimProfile:
@@ -250,7 +254,7 @@ def sim_profile(spec: ServerSpec) -> SimProfile:
     return SimProfile(description=spec.description, server=server,
                       tiers={name: sim_tier(t, spec.live.lmcache_mode)
                              for name, t in spec.tiers.items()},
-                      sample_interval_s=w.sample_interval_s)
+                      sample_interval_s=w.sample_interval_s, placement=spec.placement)
 
 
 def load_profile(path: str | Path) -> SimProfile:

@@ -67,6 +67,8 @@ class Request:
     lookup_ready_s: float = math.nan
     lookup_round: int = 0
     preemptions: int = 0
+    load_seq: int = 0
+    """Order of the request's asynchronous load among the server's (they queue in it)."""
     session_pos: int = 0
     turn_pos: int = 0
 

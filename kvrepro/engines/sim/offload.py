@@ -329,9 +329,10 @@ class StagingBuffer:
     through. A prefetch from the disk reserves room for the chunks it found until the
     request's load is done; a store reserves room for each chunk until it is on the disk.
     Without room a prefetch finds fewer chunks (the rest are recomputed) and a store is
-    dropped: in the live flash tier under saturation (data/live/cpu_tiny_validation/
-    b-saturating/flash) LMCache logged both, "L1 reservations failed with out-of-memory" and
-    "Failed to batched allocate". Refusals count on the L1 store (`rejected_chunks`)."""
+    dropped: in the live flash tier under saturation (a held-out run at 60 sessions / min,
+    2026-12-01, in git history under data/live/cpu_tiny_validation) LMCache logged both,
+    "L1 reservations failed with out-of-memory" and "Failed to batched allocate". Refusals
+    count on the L1 store (`rejected_chunks`)."""
 
     def __init__(self, store: ChunkStore):
         self.store = store

