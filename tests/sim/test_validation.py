@@ -286,7 +286,7 @@ def test_profile_for_run_takes_lmcaches_sizes_from_the_run(shipped) -> None:
     run = read_run(LIVE / validate.HELD_OUT_ROOT / "c-l1-cap" / "dram")
     profile = validate.profile_for_run(shipped[0], run.meta)
     dram = profile.tiers["dram"]
-    assert dram.stores[0].capacity_bytes == 256 * 2**20  # the run's L1, not the spec's 512
+    assert dram.stores[0].capacity_bytes == 64 * 2**20  # the run's L1, not the spec's 512
     assert dram.twin_connector_request_s == shipped[0].tiers["dram"].twin_connector_request_s > 0
     assert profile.server.kv_cache_bytes == 12 * 2**20
 
