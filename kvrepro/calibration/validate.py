@@ -545,8 +545,9 @@ def goal_table(table: pd.DataFrame, records: pd.DataFrame,
     counts = live[live["is_resume"].astype(bool) & ~live["is_warmup"].astype(bool)].groupby(
         ["run", "tier"]).size()
     many = {key for key, n in counts.items() if n >= GOALS["min_resumes"]}
-    res = held[(held["metric"] == "resume_ttft_median_s")
-               & [(r, t) in many for r, t in zip(held["run"], held["tier"], strict=True)]]
+    judged = np.array([(r, t) in many for r, t in zip(held["run"], held["tier"], strict=True)],
+                      dtype=bool)
+    res = held[(held["metric"] == "resume_ttft_median_s").to_numpy() & judged]
     out.append((f"resume TTFT where >= {GOALS['min_resumes']} resumes: worst |error|",
                 f"<= {GOALS['resume_ttft_pct']:g} %",
                 float(res["error"].abs().max()) if len(res) else math.nan, len(res),
