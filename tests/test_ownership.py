@@ -328,20 +328,24 @@ def test_a_semaphore_no_sample_saw_is_removed_by_the_ledger(tmp_path: Path) -> N
               "print(lock._semlock.name, flush=True); time.sleep(120)")
     shm = SharedMemory()
     env = shm.environment(dict(os.environ), tmp_path)
-    server = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    errors_path = tmp_path / "server.err"
+    with errors_path.open("w") as errors_file:  # a file: a pipe's EOF would wait for the
+        server = subprocess.Popen(  # resource tracker, which unlinks the semaphore first
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+            stderr=errors_file, text=True)
     bystander = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                  text=True)
     try:
         mine = "sem." + server.stdout.readline().strip().lstrip("/")
         theirs = "sem." + bystander.stdout.readline().strip().lstrip("/")
         server.kill()
-        _, errors = server.communicate()
-        assert "sitecustomize" not in errors  # the ledger's hook starts cleanly (it once
-        # printed "Error in sitecustomize: KeyError" into every server log)
+        server.wait()
         assert (SHM_DIR / mine).exists()  # killed: nothing unlinked it
         assert shm.cleanup() == [mine]
         assert not (SHM_DIR / mine).exists() and (SHM_DIR / theirs).exists()
+        # the ledger's hook starts cleanly (it once printed "Error in sitecustomize:
+        # KeyError" into every server log)
+        assert "sitecustomize" not in errors_path.read_text()
     finally:
         bystander.kill()
         bystander.wait()

@@ -121,10 +121,10 @@ def decode_runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield install
 
 
-def _tiny_workload(duration_s: float = 120.0) -> Workload:
+def _tiny_workload(duration_s: float = 120.0, **overrides: Any) -> Workload:
     """The cpu_tiny fit run's workload (data/live/cpu_tiny_fit/dram), shortened."""
     params = read_run(data_file("live", "cpu_tiny_fit", "dram")).meta["workload"]["params"]
-    return build_workload("agentic", {**params, "duration_s": duration_s})
+    return build_workload("agentic", {**params, "duration_s": duration_s, **overrides})
 
 
 def _tiny_campaign() -> dict[str, Any]:
@@ -195,7 +195,8 @@ def test_decode_runs_stop_where_the_loop_would_preempt(decode_runs: Any) -> None
     steps end at allocations that would preempt, and the results are the step-by-step
     ones."""
     profile = load_profile(data_file("servers", "cpu_tiny.yaml"))
-    workload = _tiny_workload(60.0)
+    # twice the saturating held-out set's rate: the fit run's 6 sessions / min hardly preempts
+    workload = _tiny_workload(60.0, session_rate_per_min=40)
     results = []
     for enabled in (False, True):
         counted = decode_runs(enabled)
