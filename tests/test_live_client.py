@@ -25,6 +25,7 @@ import pytest
 from aiohttp import web
 
 from kvrepro.engines.live.client import (
+    SERVER_KEEPALIVE_S,
     ClientConfig,
     ClientStats,
     FakeClock,
@@ -91,7 +92,8 @@ class FakeServer:
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                  "total_tokens": len(prompt) + n_out,
                  "prompt_tokens_details": {"cached_tokens": self.cached_tokens(prompt)}}
-        self.requests[key] = {"body": body, "mode": mode, "output_ids": out, "usage": usage}
+        self.requests[key] = {"body": body, "mode": mode, "output_ids": out, "usage": usage,
+                              "peer": request.transport.get_extra_info("peername")}
         if mode == "http500":
             error = {"message": "boom: engine died", "type": "InternalServerError", "code": 500}
             return web.json_response({"error": error}, status=500)
@@ -314,6 +316,26 @@ def test_refused_connection_is_recorded(tmp_path: Path) -> None:
     assert records.error.str.startswith("connection refused").all()
     assert stats.requests_failed == 3 and stats.sessions_ended_by_error == 3
     assert stats.turns_not_sent == len(wl.turns) - 3
+
+
+@pytest.mark.parametrize("keepalive_s", [0.2, 2.0])
+def test_a_connection_idle_past_the_keepalive_is_not_reused(tmp_path: Path,
+                                                           keepalive_s: float) -> None:
+    """A server closes idle connections after its keep-alive (vLLM: 5 s); a client that
+    reuses one it is closing loses the request, so the client's pool lets them go first."""
+    rows = [(0, 0, 0.0, 0.0, 40, 4), (0, 1, 0.6, np.nan, 20, 4)]
+    wl = table_workload(rows, {0: 0.0})
+    server = FakeServer()
+    with_server(server, wl, tmp_path, {"keepalive_timeout_s": keepalive_s})
+    peers = [server_request(server, wl, 0, turn)["peer"] for turn in (0, 1)]
+    assert (peers[0] != peers[1]) == (keepalive_s < 0.6)  # a new connection after the pause
+
+
+def test_the_default_keepalive_is_below_vllms() -> None:
+    envs = pytest.importorskip("vllm.envs")
+    default_s = ClientConfig(base_url="x", model="m", tier="t").keepalive_timeout_s
+    assert default_s < envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    assert SERVER_KEEPALIVE_S == envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
 
 
 def test_stop_event_stops_the_run_with_every_finished_request_on_disk(tmp_path: Path) -> None:

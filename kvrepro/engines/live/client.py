@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 ENGINE = "live"
 ERROR_MAX_CHARS = 300
+SERVER_KEEPALIVE_S = 5.0  # vLLM's default VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vllm/envs.py)
 DRAIN_AFTER_DONE_S = 1.0  # read the rest of a finished body so its connection can be reused
 _PROMPT_IDS_KEY = b'"prompt_token_ids":['
 
@@ -154,6 +155,10 @@ class ClientConfig:
     fields are merged over the default body fields (not over `prompt` and `max_tokens`).
     `max_connections` caps open connections; each session has at most one request in flight,
     so it only needs to exceed the number of concurrently active sessions.
+    `keepalive_timeout_s` closes a pooled connection idle that long, below the server's own
+    keep-alive (vLLM's uvicorn: `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s): with aiohttp's 15 s a turn
+    sent on a connection the server is closing just then fails ("Can not write request
+    body"), which lost 3 requests of held-out set d-decode-heavy.
     `max_in_flight` is a load generator's concurrency limit (like `vllm bench serve
     --max-concurrency`): a turn due while that many requests are in flight waits in the
     client, and its `send_s` (so its TTFT) starts when it is sent. None: no limit.
@@ -171,6 +176,7 @@ class ClientConfig:
     warmup_s: float = 0.0
     drain_timeout_s: float | None = DRAIN_TIMEOUT_S  # the rule of kvrepro.engines.run_result
     max_connections: int = 1024
+    keepalive_timeout_s: float = SERVER_KEEPALIVE_S / 2
     max_in_flight: int | None = None
     extra_body: dict[str, Any] | None = None
     api_key: str | None = None
@@ -698,7 +704,8 @@ async def run_workload(workload: Workload, writer: RunWriter, config: ClientConf
     if transport is not None:
         return await _Run(workload, writer, config, clock, transport, on_record).run(
             plans, stop_event)
-    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
+    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0,
+                                     keepalive_timeout=config.keepalive_timeout_s)
     timeout = aiohttp.ClientTimeout(total=None)  # request_timeout_s applies per request
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         run = _Run(workload, writer, config, clock, HttpTransport(session, config), on_record)
