@@ -55,6 +55,7 @@ class FakeServer:
         self.requests: dict[tuple[int, int], dict[str, Any]] = {}
         self.counts: Counter[int] = Counter()
         self.history: list[list[int]] = []
+        self.dropped = 0
         self.release = asyncio.Event()
         self.url = ""
 
@@ -86,8 +87,13 @@ class FakeServer:
         body = await request.json()
         prompt, n_out = body["prompt"], body["max_tokens"]
         key = (prompt[0], self.counts[prompt[0]])
-        self.counts[prompt[0]] += 1
         mode = self.modes.get(key, "ok")
+        if mode.startswith("drop"):  # close without an answer: "drop" once, "drop_all" always
+            self.modes[key] = mode if mode == "drop_all" else "ok"
+            self.dropped += 1
+            request.transport.close()
+            return web.Response()
+        self.counts[prompt[0]] += 1
         out = [OUT_BASE + (len(prompt) * 7 + j) % 1000 for j in range(n_out)]
         usage = {"prompt_tokens": len(prompt), "completion_tokens": n_out,
                  "total_tokens": len(prompt) + n_out,
@@ -329,6 +335,32 @@ def test_a_connection_idle_past_the_keepalive_is_not_reused(tmp_path: Path,
     with_server(server, wl, tmp_path, {"keepalive_timeout_s": keepalive_s})
     peers = [server_request(server, wl, 0, turn)["peer"] for turn in (0, 1)]
     assert (peers[0] != peers[1]) == (keepalive_s < 0.6)  # a new connection after the pause
+
+
+@pytest.mark.parametrize("mode", ["drop", "drop_all"])
+def test_a_request_the_server_closed_unanswered_goes_once_more(tmp_path: Path,
+                                                              mode: str) -> None:
+    wl = small_workload(2)
+    server = FakeServer()
+    server.modes[(first_token(wl, 1), 1)] = mode
+    stats = with_server(server, wl, tmp_path)
+    records = read_run(tmp_path).records
+    failed = records[records.error != ""]
+    if mode == "drop":  # the second try is answered: nothing is lost
+        assert server.dropped == 1 and stats.connection_retries == 1
+        assert failed.empty and stats.requests_ok == len(wl.turns)
+    else:  # one retry, then the failure is recorded and the session ends
+        assert server.dropped == 2 and stats.connection_retries == 1
+        assert list(zip(failed.session_id, failed.turn, strict=True)) == [(1, 1)]
+        assert failed.error.iloc[0].startswith("stream broken")
+
+
+def test_a_stream_broken_after_its_first_chunk_is_not_sent_again(tmp_path: Path) -> None:
+    wl = small_workload(1)
+    server = FakeServer()
+    server.modes[(first_token(wl, 0), 1)] = "break"
+    stats = with_server(server, wl, tmp_path)
+    assert stats.connection_retries == 0 and stats.requests_failed == 1
 
 
 def test_the_default_keepalive_is_below_vllms() -> None:

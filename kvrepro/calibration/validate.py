@@ -604,9 +604,17 @@ def ttft_by_load(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"bin": "in_flight"})
 
 
+SLOW_SCRAPE_S = 0.5
+"""A sample whose scrape (vLLM's /metrics, then the process accounting) took longer than this
+counts as slow: the API server or the client's loop was held up meanwhile."""
+
+
 def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, float]:
     """Mean time before scheduling and mean TTFT, live (vLLM's own histograms: queue time,
-    TTFT at the engine; the client's TTFT) and in the twin (`queue_s` + `load_s`, TTFT)."""
+    TTFT at the engine; the client's TTFT) and in the twin (`queue_s` + `load_s`, TTFT).
+    The client's TTFT minus the engine's is time outside vLLM's engine (HTTP, the API
+    server's loop, the client); `live_slow_scrape_share` is the share of samples slower than
+    `SLOW_SCRAPE_S`, a sign that the front end stalled."""
     run = read_run(run_dir)
     smp = run.samples
 
@@ -618,6 +626,7 @@ def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, flo
     return {"tier": run.meta["tier"], "live_queue_ms": 1e3 * mean("queue_time"),
             "live_engine_ttft_ms": 1e3 * mean("ttft"),
             "live_client_ttft_ms": 1e3 * float(run.records["ttft_s"].mean()),
+            "live_slow_scrape_share": float((smp["scrape_duration_s"] > SLOW_SCRAPE_S).mean()),
             "sim_queue_and_load_ms": 1e3 * float((sim_records["queue_s"]
                                                   + sim_records["load_s"]).mean()),
             "sim_ttft_ms": 1e3 * float(sim_records["ttft_s"].mean())}
@@ -804,7 +813,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
            "HELD_OUT_SETS", "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
-           "SATURATING_SETS", "SHARE_METRICS", "TABLE_COLUMNS", "RunComparison", "Window",
+           "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
+           "RunComparison", "Window",
            "check_placement", "compare_metrics", "compare_run", "counter_increase",
            "decode_residuals", "disturbance_table", "error_unit", "fit_guard_metrics",
            "fit_guard_table", "goal_table", "is_informative", "live_counter_metrics",

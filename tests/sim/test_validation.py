@@ -345,3 +345,26 @@ def test_validation_figures_draw_every_metric(validation) -> None:
 def test_validation_figure_names_missing_columns() -> None:
     with pytest.raises(ValueError, match="sim-validation"):
         sim_validation(pd.DataFrame({"run": ["a"], "metric": ["x"]}))
+
+
+@pytest.mark.parametrize(("held_out_set", "stalled"), [("d-decode-heavy", True),
+                                                        ("a-seed-rate", False)])
+def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
+        held_out_set: str, stalled: bool) -> None:
+    """Set d's front end stalled (slow scrapes; the client's TTFT well above vLLM's own),
+    set a's did not; the reference reads the run files directly."""
+    import json
+    run_dir = LIVE / validate.HELD_OUT_ROOT / held_out_set / "dram"
+    sim = pd.DataFrame({"queue_s": [0.0], "load_s": [0.0], "ttft_s": [0.1]})
+    split = validate.queue_split(run_dir, sim)
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").open()]
+    slow = sum(s["scrape_duration_s"] > 0.5 for s in samples) / len(samples)
+    records = [json.loads(line) for line in (run_dir / "records.jsonl").open()]
+    ttfts = [r["first_token_s"] - r["send_s"] for r in records if not r["error"]]
+    engine_s = ((samples[-1]["ttft_sum_s"] - samples[0]["ttft_sum_s"])
+                / (samples[-1]["ttft_count"] - samples[0]["ttft_count"]))
+    assert split["live_slow_scrape_share"] == pytest.approx(slow)
+    assert split["live_client_ttft_ms"] == pytest.approx(1e3 * sum(ttfts) / len(ttfts))
+    assert split["live_engine_ttft_ms"] == pytest.approx(1e3 * engine_s)
+    gap_ms = split["live_client_ttft_ms"] - split["live_engine_ttft_ms"]
+    assert (slow > 0.2 and gap_ms > 200) if stalled else (slow < 0.05 and gap_ms < 50)

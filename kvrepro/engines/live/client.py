@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 ENGINE = "live"
 ERROR_MAX_CHARS = 300
 SERVER_KEEPALIVE_S = 5.0  # vLLM's default VLLM_HTTP_TIMEOUT_KEEP_ALIVE (vllm/envs.py)
+CONNECTION_RETRIES = 1  # another try for a request whose connection broke before any answer
 DRAIN_AFTER_DONE_S = 1.0  # read the rest of a finished body so its connection can be reused
 _PROMPT_IDS_KEY = b'"prompt_token_ids":['
 
@@ -156,9 +157,11 @@ class ClientConfig:
     `max_connections` caps open connections; each session has at most one request in flight,
     so it only needs to exceed the number of concurrently active sessions.
     `keepalive_timeout_s` closes a pooled connection idle that long, below the server's own
-    keep-alive (vLLM's uvicorn: `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s): with aiohttp's 15 s a turn
-    sent on a connection the server is closing just then fails ("Can not write request
-    body"), which lost 3 requests of held-out set d-decode-heavy.
+    keep-alive (vLLM's uvicorn: `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s; aiohttp's default is
+    15 s), so that a turn is not sent on a connection the server is closing. A request whose
+    connection breaks before any answer all the same ("Can not write request body": 3 of
+    held-out set d's requests, 3 of 1,847 in a saturated baseline run) is sent once more
+    (`CONNECTION_RETRIES`, `ClientStats.connection_retries`); its `send_s` stays the first try's.
     `max_in_flight` is a load generator's concurrency limit (like `vllm bench serve
     --max-concurrency`): a turn due while that many requests are in flight waits in the
     client, and its `send_s` (so its TTFT) starts when it is sent. None: no limit.
@@ -197,6 +200,7 @@ class ClientStats:
     requests_ok: int = 0
     requests_failed: int = 0
     requests_cancelled: int = 0  # part of requests_failed: cut off after the drain timeout
+    connection_retries: int = 0  # requests sent again on a new connection (HttpTransport)
     fallback_outputs: int = 0  # ok requests whose output ids the server did not return
     usage_missing: int = 0  # ok requests without a usage chunk (token counts counted locally)
     hook_errors: int = 0
@@ -235,6 +239,7 @@ class Reply:
     other_text: bytes = b""  # the first non-SSE line (a JSON error body sent with HTTP 200)
     model: str = ""  # the `model` of the first chunk: the answering server's first served name
     session_id: int | None = None  # the request's session (for a session-affinity header)
+    retries: int = 0  # sent again after the connection broke before any answer
 
 
 class RequestError(Exception):
@@ -265,7 +270,8 @@ def request_body(config: ClientConfig) -> dict[str, Any]:
 
 
 class HttpTransport:
-    """Streams `/v1/completions` over one shared aiohttp session."""
+    """Streams `/v1/completions` over one shared aiohttp session; a request whose connection
+    broke before any answer goes once more on another (`_unanswered`)."""
 
     def __init__(self, session: aiohttp.ClientSession, config: ClientConfig):
         self.session = session
@@ -282,7 +288,18 @@ class HttpTransport:
         headers = self.headers
         if self.session_header and reply.session_id is not None:
             headers = {**headers, self.session_header: str(reply.session_id)}
-        async with self.session.post(self.url, data=data.encode(), headers=headers) as resp:
+        for attempt in range(CONNECTION_RETRIES + 1):
+            try:
+                return await self._post(data.encode(), headers, reply, now_s)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as err:
+                if not _unanswered(err, reply) or attempt == CONNECTION_RETRIES:
+                    raise
+                reply.retries += 1
+                log.info("retrying a request the server closed before answering: %s", err)
+
+    async def _post(self, data: bytes, headers: dict[str, str], reply: Reply,
+                    now_s: Callable[[], float]) -> None:
+        async with self.session.post(self.url, data=data, headers=headers) as resp:
             if resp.status >= 400:
                 body = await resp.text(errors="replace")
                 raise RequestError(f"HTTP {resp.status}: {_error_message(body)}")
@@ -294,6 +311,13 @@ class HttpTransport:
                                    + (f"; the server said: {_error_message(said)}"
                                       if said else ""))
             await _drain(resp.content)
+
+
+def _unanswered(err: Exception, reply: Reply) -> bool:
+    """The connection broke before any answer, on a connection that was open: nothing reached
+    the engine or it never answered, so the request can go again (as the OpenAI client does).
+    Not a refused connection: no server is there, and another try only delays the error."""
+    return reply.chunks == 0 and not isinstance(err, aiohttp.ClientConnectorError)
 
 
 async def _read_stream(content: aiohttp.StreamReader, reply: Reply,
@@ -648,6 +672,7 @@ class _Run:
         """Build, write (flushed) and hand on one request record."""
         record = build_record(session_id, row, self.config, prompt_len, send_s, reply, error,
                               finish_s=reply.finish_s if reply.done else self.now_s())
+        self.stats.connection_retries += reply.retries
         if error:
             self.stats.requests_failed += 1
         else:
