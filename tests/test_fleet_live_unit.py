@@ -31,10 +31,12 @@ from kvrepro.engines.live.fleet_deploy import (
     router_command,
     run_name,
 )
+from kvrepro.engines.live.placement import vllm_env
 from kvrepro.engines.live.server import with_free_ports
 from kvrepro.engines.live.tiers import live_tier, lmcache_server_args, server_args
 from kvrepro.fleet_spec import shipped_fleet
 from kvrepro.records import RunWriter, read_run
+from kvrepro.tier_spec import Placement
 from tests.test_live_client import config, small_workload
 
 
@@ -82,9 +84,24 @@ def test_private_flash_pools_get_their_own_folders() -> None:
 def test_pinning_binds_instance_i_to_one_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     tiers = fleet_tiers(_fleet(kv_pool="private", n_servers=3), pin_cpus=True)
-    assert [t.env["VLLM_CPU_OMP_THREADS_BIND"] for t in tiers] == ["0", "1", "0"]
-    assert all("VLLM_CPU_OMP_THREADS_BIND" not in t.env
-               for t in fleet_tiers(_fleet(kv_pool="private")))
+    assert [vllm_env(t.placement) for t in tiers] == [
+        {"VLLM_CPU_OMP_THREADS_BIND": c} for c in ("0", "1", "0")]
+    for t in tiers:  # the same rule for each: its front end off its own engine CPU
+        engine, front = t.placement.cpus("engine"), t.placement.cpus("front")
+        assert len(engine) == 1 and front == {0, 1} - engine
+        assert all(t.placement.cpus(r) == {0, 1} for r in ("lmcache", "client", "router"))
+    single = live_tier(_fleet().server_spec(), "dram").placement
+    assert single.engine_cpus == "0"  # what every instance would get without the rule
+    unpinned = fleet_tiers(_fleet(kv_pool="private"))
+    assert all(t.placement == Placement() and not vllm_env(t.placement) for t in unpinned)
+
+
+def test_the_shared_pool_runs_on_the_instances_shared_cpus(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    fleet = _fleet(kv_pool="shared", tier="dram")
+    assert pool_tier(fleet, pin_cpus=True).placement.cpus("lmcache") == {0, 1}
+    assert pool_tier(fleet).placement == Placement()
 
 
 def test_router_command_and_run_names() -> None:

