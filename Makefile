@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 ARGS   ?=
 # notebooks nbval runs at once (pytest-xdist, one notebook per worker: --dist loadscope)
 NBVAL_JOBS ?= 2
+# workers for the tests that start no real server (-m "not live"; one test file per worker).
+# The live tests run first, alone: they pin vLLM to the spec's CPUs and need the machine quiet.
+TEST_JOBS ?= 2
 
 .PHONY: reproduce test install install-dev live-cpu fio chromium lint lab clean
 
@@ -62,7 +65,8 @@ reproduce: install fio
 
 test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
-	$(BIN)/pytest
+	$(BIN)/pytest -m live
+	$(BIN)/pytest -m "not live" -n $(TEST_JOBS) --dist loadfile
 	$(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
 
 lint: install-dev
