@@ -160,7 +160,7 @@ class ClientConfig:
     keep-alive (vLLM's uvicorn: `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s; aiohttp's default is
     15 s), so that a turn is not sent on a connection the server is closing. A request whose
     connection breaks before any answer all the same ("Can not write request body": 3 of
-    held-out set d's requests, 3 of 1,847 in a saturated baseline run) is sent once more
+    held-out set d's requests, 3 of 2,106 in a saturated baseline run) is sent once more
     (`CONNECTION_RETRIES`, `ClientStats.connection_retries`); its `send_s` stays the first try's.
     `max_in_flight` is a load generator's concurrency limit (like `vllm bench serve
     --max-concurrency`): a turn due while that many requests are in flight waits in the
