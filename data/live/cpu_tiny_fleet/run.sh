@@ -6,7 +6,12 @@
 # policy, on the DRAM tier; then once with the shared disk tier (L2, tier flash). The
 # workload is the single-server campaigns' (data/live/cpu_tiny_fit/run.sh: study A's shape,
 # seed 3, 20 sessions / min) for 210 s a run: the same 20 sessions / min on the same two
-# cores, now split over two instances of one core each. Logs are gzipped afterwards.
+# cores, now split over two instances of one core each. Placement (fleet_deploy.instance_placement):
+# instance i's engine threads on CPU i, its API server on the other CPU; router, LMCache
+# server(s) and load client on both. The twin's predictions of these seven runs
+# (predictions.csv, fleet_live_summary of fleet_study.twin_of_live_fleet on the previous
+# recordings' fleet specs and workloads) were committed before this recording. Logs are
+# gzipped afterwards.
 set -euo pipefail
 OUT="${1:-data/live/cpu_tiny_fleet}"
 WORKLOAD=(--workload agentic
