@@ -340,15 +340,42 @@ def test_cli_run_fleet_rejects_a_bad_override_before_starting(capsys, tmp_path: 
     assert not (tmp_path / "out").exists()
 
 
-def test_summary_reads_a_fleet_run_folder(tmp_path: Path) -> None:
+def _write_two_turn_run(run_dir: Path, sample: bool = False) -> None:
+    """A private-pool fleet run folder: one session, its second turn routed away."""
     meta = {"kind": "fleet", "kv_pool": "private", "tier": "dram", "routing": "round_robin",
             "router": {"kind": "client"}, "options": {"warmup_s": 0.0}}
-    with RunWriter(tmp_path / "run", meta) as writer:
+    with RunWriter(run_dir, meta) as writer:
         for rec in (_rec(0, 0, 0, False, 0.0, 0.1, 1.0, 100, 0, 10),
                     _rec(0, 1, 1, True, 1.0, 1.3, 2.0, 200, 100, 10)):
             writer.write_record({**rec, "kv_pool": "private"})
-        writer.write_sample({"time_s": 0.0, "instance": 0})
+        if sample:
+            writer.write_sample({"time_s": 0.0, "instance": 0})
+
+
+def test_summary_reads_a_fleet_run_folder(tmp_path: Path) -> None:
+    _write_two_turn_run(tmp_path / "run", sample=True)
     table = fleet_live_summary(tmp_path).set_index("instance")
     assert table.at["total", "router"] == "client"
     assert table.at["total", "cross_instance_hit_share"] == pytest.approx(0.5)
     assert table.at["total", "throughput_tok_s"] == pytest.approx(320 / 2.0)
+
+
+def test_preregistered_score_compares_the_committed_file(tmp_path: Path) -> None:
+    from kvrepro.studies.fleet_study import preregistered_fleet_score
+
+    _write_two_turn_run(tmp_path / "run")
+    with pytest.raises(FileNotFoundError, match="predictions.csv"):
+        preregistered_fleet_score(tmp_path)
+    # live TTFT 0.1 s on instance 0 and 0.3 s on instance 1 (total median 0.2 s); total
+    # throughput 320 tokens over the 2 s window; the same prediction for both rows
+    predicted = pd.DataFrame([
+        {"kv_pool": "private", "tier": "dram", "routing": "round_robin", "instance": inst,
+         "throughput_tok_s": 160.0, "ttft_median_s": 0.2, "ttft_p90_s": 0.3,
+         "cached_share": 0.5, "cross_instance_hit_share": 0.5}
+        for inst in ("0", "total")])
+    predicted.to_csv(tmp_path / "predictions.csv", index=False)
+    score = preregistered_fleet_score(tmp_path).set_index(["tier", "metric"])
+    assert score.at[("total", "throughput_tok_s"), "error"] == pytest.approx(0.0)
+    assert score.at[("instance 0", "ttft_median_s"), "error"] == pytest.approx(100.0)
+    assert score.at[("total", "cached_share"), "error_unit"] == "pp"
+    assert len(score) == 2 * 5

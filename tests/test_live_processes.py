@@ -89,9 +89,16 @@ def test_managed_process_stop_takes_down_the_whole_group(tmp_path: Path) -> None
     assert not [p for p in pids if alive(p)]
 
 
-def test_free_port_is_free() -> None:
-    port = free_port()
-    assert 0 < port < 65536 and not port_in_use("127.0.0.1", port)
+def test_free_port_is_free_and_outside_the_ephemeral_range(tmp_path: Path) -> None:
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range")
+                 .read_text().split())
+    ports = {free_port() for _ in range(50)}
+    assert all(p < low or p > high for p in ports), sorted(ports)
+    assert all(p >= 1024 and not port_in_use("127.0.0.1", p) for p in ports)
+    # the range comes from the kernel's file: a narrower one leaves more ports to pick from
+    narrow = tmp_path / "range"
+    narrow.write_text("60000\t60999\n")
+    assert any(low <= free_port(range_file=narrow) <= high for _ in range(200))
 
 
 def _reap(pid: int) -> None:

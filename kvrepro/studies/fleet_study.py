@@ -179,3 +179,22 @@ def fleet_validation(live_dir: str | Path, progress: bool = False) -> pd.DataFra
     live = fleet_live_summary(records, samples)
     sim = fleet_live_summary(twin)
     return compare_fleet_summaries(live.drop(columns="router"), sim.drop(columns="router"))
+
+
+PREDICTIONS_FILE = "predictions.csv"
+"""The twin's fleet predictions, committed in a live fleet folder before its recording."""
+
+
+def preregistered_fleet_score(live_dir: str | Path) -> pd.DataFrame:
+    """The committed predictions of `live_dir/predictions.csv` against the recorded runs
+    there (`compare_fleet_summaries`'s rows): unlike `fleet_validation`, what the twin said
+    before the recording, not what today's twin says of it."""
+    from kvrepro.analysis.fleet_live import fleet_live_summary
+
+    path = Path(live_dir) / PREDICTIONS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no committed predictions for this fleet campaign")
+    predicted = pd.read_csv(path, dtype={"instance": str})
+    live = fleet_live_summary(live_dir).drop(columns="router")
+    return compare_fleet_summaries(live.assign(instance=live["instance"].astype(str)),
+                                   predicted)

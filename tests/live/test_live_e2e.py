@@ -216,8 +216,9 @@ def test_port_in_use(tiers, tmp_path) -> None:
 def test_server_exits_during_startup(tiers, tmp_path) -> None:
     from kvrepro.engines.live.server import ServerError, VllmServer
 
-    # A KV budget too small for one max-length sequence: vLLM refuses to start.
-    tier = tiers["small-kv"].model_copy(update={"port": 8433, "kv_cache_memory_bytes": 1 << 20})
+    # A context longer than the model's positions (65,536): vLLM's API server refuses it
+    # while it reads the model's config, before it starts its engine (20 s, not a minute)
+    tier = tiers["small-kv"].model_copy(update={"port": 8433, "max_model_len": 1 << 20})
     with pytest.raises(ServerError, match="exited during start-up") as err:
         with VllmServer(tier, tmp_path) as server:
             server.wait_healthy()

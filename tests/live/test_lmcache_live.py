@@ -213,11 +213,26 @@ def _descendants(pid: int) -> set[int]:
     return {child.pid for child in psutil.Process(pid).children(recursive=True)}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
-    """`kvrepro run live` stopped by a signal mid-tier: the campaign ends there (no next
-    tier), every process it started exits, its shared memory and disk files are gone, and
-    the requests that finished stay on disk."""
+def _mid_tier(records: Path, l2: Path, server_log: Path) -> bool:
+    """A request has finished and LMCache has written into the flash folder."""
+    return _lines(records) >= 1 and bool(_chunks(l2))
+
+
+def _starting(records: Path, l2: Path, server_log: Path) -> bool:
+    """vLLM is up to its engine process (LMCache's server already answers) and has served
+    nothing: the run is half started, with processes in two groups to stop."""
+    return server_log.is_file() and "EngineCore" in server_log.read_text(errors="replace")
+
+
+# SIGTERM while the first tier serves, SIGINT (Ctrl-C) while it starts: the two signals go
+# the same way (`kvrepro._signals`), the two moments through different parts of the teardown
+@pytest.mark.parametrize(("sig", "when"), [(signal.SIGTERM, _mid_tier),
+                                           (signal.SIGINT, _starting)],
+                         ids=["SIGTERM-mid-tier", "SIGINT-during-start-up"])
+def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig, when) -> None:
+    """`kvrepro run live` stopped by a signal in its first tier: the campaign ends there (no
+    next tier), every process it started exits, its shared memory and disk files are gone,
+    and the requests that finished stay on disk."""
     require_vllm()
     import subprocess
     import sys
@@ -230,16 +245,15 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
            "-p", f"live.port={port}", "-p", f"tiers.flash.stores.1.path={l2}",
            "-w", "duration_s=300", "-w", "session_rate_per_min=20", "--out", str(out)]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    records, pids = out / "flash" / "records.jsonl", set()
+    records, log, pids = out / "flash" / "records.jsonl", out / "flash" / "server.log", set()
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and runner.poll() is None:
         pids |= _descendants(runner.pid)
-        # mid-tier: a request has finished and LMCache has written into the flash folder
-        if _lines(records) >= 1 and _chunks(l2):
+        if when(records, l2, log):
             break
         time.sleep(0.2)
     assert runner.poll() is None, runner.stdout.read().decode()[-2000:]
-    assert _lines(records) >= 1 and _chunks(l2), "not mid-tier"
+    assert when(records, l2, log), when.__doc__
     pids |= _descendants(runner.pid)
     runner.send_signal(sig)
     runner.wait(timeout=90)
@@ -248,7 +262,12 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig) -> None:
     assert not _shm_now() - shm_before
     assert not [p for p in l2.rglob("*") if p.is_file()]
     assert not (out / "dram").exists()  # the campaign stopped with the interrupted tier
-    assert len(read_run_records(out / "flash")) > 0
+    if when is _mid_tier:
+        assert len(read_run_records(out / "flash")) > 0
+    else:
+        from kvrepro.records import read_run
+
+        assert read_run(out / "flash").meta["status"].startswith("failed: KeyboardInterrupt")
 
 
 def read_run_records(run_dir: Path):

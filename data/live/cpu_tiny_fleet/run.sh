@@ -10,7 +10,12 @@
 # instance i's engine threads on CPU i, its API server on the other CPU; router, LMCache
 # server(s) and load client on both. The twin's predictions of these seven runs
 # (predictions.csv, fleet_live_summary of fleet_study.twin_of_live_fleet on the previous
-# recordings' fleet specs and workloads) were committed before this recording. Logs are
+# recordings' fleet specs and workloads) were committed before this recording (b5f4287,
+# 2026-12-02 22:11 UTC; recorded 2026-12-03 07:08-08:05 UTC). The first pass lost
+# shared-dram-prefix_aware: its router's metrics port, picked from the kernel's ephemeral
+# range, was taken by another connection before the router bound it (fixed since:
+# processes.free_port picks below that range); that run and the flash one (set -e stopped
+# the script there) were recorded with these same commands right after. Logs are
 # gzipped afterwards.
 set -euo pipefail
 OUT="${1:-data/live/cpu_tiny_fleet}"

@@ -14,6 +14,7 @@ given back is in `kvrepro.engines.live.ownership`.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,11 +41,35 @@ def port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's choice for port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 20000  # below it lie the well-known and commonly configured services' ports
+
+
+def ephemeral_ports(range_file: Path = EPHEMERAL_RANGE_FILE) -> range:
+    """The kernel's range of local ports for outgoing connections (Linux's default where
+    the file is missing)."""
+    try:
+        low, high = (int(v) for v in range_file.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def free_port(host: str = "127.0.0.1", range_file: Path = EPHEMERAL_RANGE_FILE) -> int:
+    """A port nothing listens on now, below the kernel's ephemeral range. A port the kernel
+    hands out for port 0 lies inside that range, where any outgoing connection (the load
+    client's, vLLM's own sockets) may take it as its local port before the server meant for
+    it binds: a fleet run's router died so ("Address already in use") under load."""
+    ephemeral = ephemeral_ports(range_file)
+    candidates = [p for p in range(LOWEST_PORT, 65536) if p not in ephemeral]
+    for port in random.sample(candidates, len(candidates)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ServerError(f"no free port on {host} outside the ephemeral range")
 
 
 def log_tail(path: Path, lines: int = 30) -> str:
