@@ -181,17 +181,14 @@ def fleet_validation(live_dir: str | Path, progress: bool = False) -> pd.DataFra
     return compare_fleet_summaries(live.drop(columns="router"), sim.drop(columns="router"))
 
 
-PREDICTIONS_FILE = "predictions.csv"
-"""The twin's fleet predictions, committed in a live fleet folder before its recording."""
-
-
 def preregistered_fleet_score(live_dir: str | Path) -> pd.DataFrame:
     """The committed predictions of `live_dir/predictions.csv` against the recorded runs
     there (`compare_fleet_summaries`'s rows): unlike `fleet_validation`, what the twin said
     before the recording, not what today's twin says of it."""
     from kvrepro.analysis.fleet_live import fleet_live_summary
+    from kvrepro.calibration.preregister import PREDICTIONS
 
-    path = Path(live_dir) / PREDICTIONS_FILE
+    path = Path(live_dir) / PREDICTIONS
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no committed predictions for this fleet campaign")
     predicted = pd.read_csv(path, dtype={"instance": str})
