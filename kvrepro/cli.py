@@ -6,6 +6,7 @@
       [--flash-profile MEASURED.yaml [--flash-store NAME]]          with a measured flash tier
   kvrepro run fleet --fleet FILE [-p key=value] [--routing R] [--kv-pool P] ...  a live fleet
   kvrepro sweep GRID.yaml --out DIR [--address ADDR] [--max-parallel N]   twin runs on Ray
+  kvrepro calibrate --plan data/studies/study_a.yaml | --server FILE   refit a study's twin
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(count_by_kind(result.headlines).to_string(index=False))
         for kind, meaning in KINDS.items():
             print(f"  {kind:9s} {meaning}")
+    if not result.headlines.empty:
+        _print_fits(result.headlines)
     if result.validation is not None:
         from kvrepro.calibration.validate import summary_table
 
@@ -269,6 +272,62 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     sweep.set_defaults(func=_sweep)
 
 
+def _print_fits(headlines: Any) -> None:
+    """The residual of every fitted target (`kvrepro.studies.fits`): a broken fit shows."""
+    from kvrepro.studies.fits import fitted_residuals
+
+    fits = fitted_residuals(headlines)
+    print(f"\nFitted targets: residual against the study ({int(fits['within'].sum())} of "
+          f"{len(fits)} within tolerance; refit with `kvrepro calibrate --plan PLAN`):\n")
+    print(fits.round(2).to_string(index=False))
+
+
+def _plan_for(server: str) -> Path:
+    """The shipped calibration plan whose `server` is this server spec file."""
+    from kvrepro._paths import data_dir
+    from kvrepro.calibration.calibrate import load_plan, server_path
+
+    wanted = Path(server).resolve()
+    for plan in sorted((data_dir() / "studies").glob("*.yaml")):
+        if server_path(plan, load_plan(plan)) == wanted:
+            return plan
+    raise SystemExit(f"kvrepro calibrate: no calibration plan in data/studies/ names the "
+                     f"server {server!r}; pass --plan FILE")
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from kvrepro.calibration.calibrate import calibrate, fit_table
+
+    plan = Path(args.plan) if args.plan else _plan_for(args.server)
+    result = calibrate(plan, args.out, max_parallel=args.max_parallel,
+                       progress=not args.no_progress, write=not args.no_write)
+    print(f"calibrated {plan} in {result.wall_s:.0f} s ({len(result.points)} twin campaigns, "
+          f"{result.points_run} run now, the others read back):")
+    for name, value in result.values.items():
+        print(f"  {name} = {value}")
+    table = fit_table(plan, result.residuals)
+    print(table.round(2).to_string(index=False))
+    print("written into the plan and its server spec" if not args.no_write
+          else "nothing written (--no-write)")
+    return 0 if table["within"].all() else 1
+
+
+def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
+    cal = sub.add_parser("calibrate", help="fit a study's twin parameters to its fitted "
+                         "targets (Ray sweep, resumable) and write them into the spec")
+    which = cal.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plan", help="calibration plan, e.g. data/studies/study_a.yaml")
+    which.add_argument("--server", help="a server spec; its plan is the one in data/studies/ "
+                       "that names it")
+    cal.add_argument("--out", help="sweep folders (default runs/calibrate/<plan>-<key>; "
+                     "an existing one is resumed)")
+    cal.add_argument("--max-parallel", type=_positive_int, metavar="N",
+                     help="twin campaigns at once (default: every CPU Ray has)")
+    cal.add_argument("--no-write", action="store_true", help="report the fit, change no file")
+    cal.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cal.set_defaults(func=_calibrate)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -348,6 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_reproduce)
     _add_run_parser(sub)
     _add_sweep_parser(sub)
+    _add_calibrate_parser(sub)
     return parser
 
 

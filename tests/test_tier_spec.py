@@ -104,8 +104,17 @@ def _check_multi_process(tier, sim_tier, dram: list, flash: list) -> None:
     assert all(s.async_eviction for s in sim_tier.stores)  # MP's eviction loop
 
 
+def _without_lmcache_flags(spec):
+    """`spec` with every tier's LMCache flags left at LMCache's defaults (the shipped study-A
+    spec sets the load mode its calibration chose)."""
+    tree = spec.model_dump()
+    for tier in tree["tiers"].values():
+        tier.pop("lmcache", None)
+    return type(spec).model_validate(tree)
+
+
 def test_lmcache_defaults_reach_both_engines() -> None:
-    spec = shipped_server("study_a")
+    spec = _without_lmcache_flags(shipped_server("study_a"))
     cfg = lmcache_config(live_tiers(spec)["flash"])
     tier = sim_profile(spec).tiers["flash"]
     # LMCache 0.5.0's own defaults (kvrepro.engines.live.lmcache_keys.LMCACHE_KEYS)
@@ -120,7 +129,8 @@ def test_lmcache_defaults_reach_both_engines() -> None:
 
 
 def test_one_flag_on_every_offload_tier() -> None:
-    spec = with_lmcache_flag(shipped_server("study_a"), "enable_async_loading", True)
+    spec = with_lmcache_flag(_without_lmcache_flags(shipped_server("study_a")),
+                             "enable_async_loading", True)
     flags = {name: t.lmcache.enable_async_loading for name, t in spec.tiers.items()}
     assert flags == {"baseline": False, "dram": True, "flash": True}
     with pytest.raises(ValueError, match="unknown LMCache flag 'async'"):
@@ -273,3 +283,15 @@ def test_both_engines_share_the_end_of_run_rule() -> None:
     assert full.records.finish_s.max() > 300.0
     with pytest.raises(ValueError, match="unknown engine 'gpu'"):
         engines.run("gpu", workload, server, "baseline")
+
+
+def test_multi_process_lmcache_takes_asynchronous_loads_and_refuses_what_it_cannot_set() -> None:
+    from kvrepro.engines.live.tiers import live_tier
+
+    spec = with_lmcache_flag(shipped_server("study_a"), "enable_async_loading", True)
+    assert live_tier(spec, "dram", "multi_process").lmcache_mp is not None  # it always does
+    assert sim_profile(override_server(spec, {"live.lmcache_mode": "multi_process"})
+                       ).tiers["dram"].load_async
+    decode = with_lmcache_flag(spec, "save_decode_cache", True)
+    with pytest.raises(ValueError, match=r"tier 'dram': lmcache \['save_decode_cache'\] have no"):
+        live_tier(decode, "dram", "multi_process")

@@ -21,6 +21,9 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from kvrepro._paths import data_dir
+from kvrepro.calibration.calibrate import load_plan
+
 KINDS: dict[str, str] = {
     "echo": "a study input, arithmetic on the study's own inputs, or a value back-solved from "
             "the study: it matches by construction",
@@ -29,22 +32,24 @@ KINDS: dict[str, str] = {
     "predicted": "computed from inputs that did not include it: only these count as reproduced",
 }
 
-_A2_FITTED_PAUSE = "fitted: the workload's pause (STUDY_A_PAUSE, data/servers/study_a.yaml)"
-_A2_FITTED_MFU = "fitted: mfu, to the baseline the study's gains imply (study_a.yaml)"
 _CAPACITY_ECHO = "echo: token rate x TTL x KV bytes, all study inputs"
 _B8_ECHO = ("echo: the NAND presets' WAF was back-solved from these very values "
             "(data/hardware/nand_presets.csv)")
 
+def _plan_targets() -> dict[str, str]:
+    """Every calibration plan's fitted targets (`data/studies/*.yaml`, the one place they are
+    declared): id -> "fitted: why (plan file)"."""
+    out = {}
+    for path in sorted((data_dir() / "studies").glob("*.yaml")):
+        for ref_id, why in load_plan(path).calibration.targets.items():
+            out[ref_id] = f"fitted: {why} (data/studies/{path.name})"
+    return out
+
+
 _NOT_PREDICTED: dict[str, str] = {
-    "A2.dram_fill_time": _A2_FITTED_PAUSE,
-    "A2.dram_peak_gain": _A2_FITTED_PAUSE,
-    "A2.flash_peak_gain": _A2_FITTED_MFU,
-    "A2.baseline_plateau": _A2_FITTED_MFU,
-    "A2.flash_after": "fitted: the flash read rate (study_a.yaml)",
-    "A4.dram_ttft_before_fill": "fitted: the DRAM read rate (study_a.yaml)",
+    **_plan_targets(),
     "A2.early_spread": "echo: holds by construction (the same workload on every tier before "
                        "any cache fills)",
-    "A5.resumes": "fitted: the workload's p_returning was chosen for about the study's 11",
     "A6.kv_bytes_minimax": "echo: arithmetic on the model's published architecture",
     "A6.tokens_1h": _CAPACITY_ECHO,
     "A6.capacity_1h": _CAPACITY_ECHO,
@@ -60,10 +65,6 @@ _NOT_PREDICTED: dict[str, str] = {
     "B2.kv_bytes_qwen3_14b": "echo: arithmetic on the model's published architecture",
     "B2.hbm": "echo: a study input",
     "B2.dram": "echo: a study input",
-    "B6.untuned_low": "fitted: the SSD profile's three parameters were fitted to B6's ratios",
-    "B6.untuned_high": "fitted: the SSD profile's three parameters were fitted to B6's ratios",
-    "B6.opt_low": "fitted: the SSD profile's three parameters were fitted to B6's ratios",
-    "B6.opt_high": "fitted: the SSD profile's three parameters were fitted to B6's ratios",
     **{f"B4.{gpu}_{what}": "echo: a datasheet value the study gives"
        for gpu in ("a100", "h100", "gh200") for what in ("tflops", "link", "mem")},
     **{f"B8.cbound_{p}": _B8_ECHO for p in ("slc", "tlc", "qlc", "tlc_op", "qlc_zns")},

@@ -88,11 +88,11 @@ def _simulate(workload: Workload, spec: ServerSpec, tiers: Sequence[str], warmup
 
 
 def load_mode_sweep(workload: Workload, spec: ServerSpec, base: Run, settings: StudyASettings,
-                    warmup_s: float = 0.0) -> Sweep:
+                    warmup_s: float = 0.0, max_in_flight: int | None = None) -> Sweep:
     """The base run next to the same campaign with LMCache's `enable_async_loading` flipped
     on every offload tier of `base` (column `loads`: "sync" / "async"; the spec's own mode
-    is the base). Why: the spec keeps LMCache's synchronous default, the profile's flash
-    rate and mfu were fitted with asynchronous loads."""
+    is the base; `max_in_flight` the base's client cap). Why: study A does not state its
+    load mode; the calibration chose one, and this shows what the other would change."""
     offload = [t for t in _tiers(base) if spec.tier(t).stores]
     if not offload:
         raise ValueError(f"load_mode_sweep: no tier of the base run {_tiers(base)} has "
@@ -101,23 +101,34 @@ def load_mode_sweep(workload: Workload, spec: ServerSpec, base: Run, settings: S
     other = with_lmcache_flag(spec, "enable_async_loading", not spec_async)
     labels = ("async", "sync") if spec_async else ("sync", "async")
     return sweep_variants(base, {labels[0]: None,
-                                 labels[1]: _simulate(workload, other, offload, warmup_s)},
+                                 labels[1]: _simulate(workload, other, offload, warmup_s,
+                                                      max_in_flight)},
                           settings, "loads")
 
 
-def in_flight_sweep(workload: Workload, spec: ServerSpec, base: Run, limits: Sequence[int],
-                    settings: StudyASettings, warmup_s: float = 0.0) -> Sweep:
-    """The base run (no limit) next to the same campaign under each load-client concurrency
-    limit (`max_in_flight`), all of the base's tiers (column `max_in_flight`: "none", "8",
-    ...). Why: the study does not say whether its harness capped requests in flight, and a
-    cap decides whether TTFT grows to minutes once a tier recomputes."""
-    bad = [limit for limit in limits if int(limit) != limit or limit < 1]
+def _limit_label(limit: int | None) -> str:
+    return "none" if limit is None else str(int(limit))
+
+
+def in_flight_sweep(workload: Workload, spec: ServerSpec, base: Run,
+                    limits: Sequence[int | None], settings: StudyASettings,
+                    warmup_s: float = 0.0, base_limit: int | None = None) -> Sweep:
+    """The base run (its client cap `base_limit`, None: none) next to the same campaign under
+    each other load-client concurrency limit (`max_in_flight`; None: no cap), all of the
+    base's tiers (column `max_in_flight`: "none", "8", ...). Why: the study does not say
+    whether its harness capped requests in flight, and a cap decides whether TTFT grows to
+    minutes once a tier recomputes."""
+    bad = [limit for limit in limits
+           if limit is not None and (int(limit) != limit or limit < 1)]
     if bad:
-        raise ValueError(f"parameter 'limits': in-flight limits must be integers >= 1, got {bad}")
-    variants: dict[Any, Callable[[], Run] | None] = {"none": None}
+        raise ValueError(f"parameter 'limits': in-flight limits must be integers >= 1 or "
+                         f"None, got {bad}")
+    variants: dict[Any, Callable[[], Run] | None] = {_limit_label(base_limit): None}
     for limit in limits:
-        variants[str(int(limit))] = _simulate(workload, spec, _tiers(base), warmup_s,
-                                              max_in_flight=int(limit))
+        if _limit_label(limit) not in variants:
+            variants[_limit_label(limit)] = _simulate(
+                workload, spec, _tiers(base), warmup_s,
+                max_in_flight=None if limit is None else int(limit))
     return sweep_variants(base, variants, settings, "max_in_flight")
 
 
@@ -133,27 +144,31 @@ def keeps_when_full(spec: ServerSpec, tier: str = "dram") -> ServerSpec:
 
 def store_policy_sweep(workload: Workload, spec: ServerSpec, base: Run,
                        settings: StudyASettings, warmup_s: float = 0.0,
-                       tier: str = "dram") -> Sweep:
+                       tier: str = "dram", max_in_flight: int | None = None) -> Sweep:
     """The base run next to one whose `tier` keeps what it holds once full (column
-    `store_policy`: "LRU" / "keeps when full"; the run of `tier` is in `runs`). Why:
+    `store_policy`: "LRU" / "keeps when full"; the run of `tier` is in `runs`;
+    `max_in_flight` the base's client cap). Why:
     the study's DRAM tier kept part of its gain after filling, the twin's LRU store none."""
     if tier not in _tiers(base):
         raise ValueError(f"parameter 'tier': {tier!r} is not in the base run {_tiers(base)}")
     return sweep_variants(base, {"LRU": None, "keeps when full": _simulate(
-        workload, keeps_when_full(spec, tier), [tier], warmup_s)}, settings, "store_policy")
+        workload, keeps_when_full(spec, tier), [tier], warmup_s, max_in_flight)}, settings,
+        "store_policy")
 
 
 def seed_sweep(make_workload: Callable[[int], Workload], spec: ServerSpec, base: Run,
                base_seed: int, seeds: Sequence[int], settings: StudyASettings,
-               warmup_s: float = 0.0) -> Sweep:
+               warmup_s: float = 0.0, max_in_flight: int | None = None) -> Sweep:
     """The base run (workload seed `base_seed`) next to the same profile and workload rules
-    on other seeds, all tiers (column `seed`). Why: A5 rests on the handful of sessions that
-    resume in every tier's run, so which targets a run meets depends partly on its seed."""
+    on other seeds, all tiers (column `seed`; `max_in_flight` the base's client cap). Why:
+    A5 rests on the handful of sessions that resume in every tier's run, so which targets a
+    run meets depends partly on its seed."""
     variants: dict[Any, Callable[[], Run] | None] = {int(base_seed): None}
     for seed in seeds:
         if int(seed) in variants:
             raise ValueError(f"parameter 'seeds': seed {seed} given twice (or is base_seed)")
-        variants[int(seed)] = _simulate(make_workload(int(seed)), spec, _tiers(base), warmup_s)
+        variants[int(seed)] = _simulate(make_workload(int(seed)), spec, _tiers(base), warmup_s,
+                                        max_in_flight)
     return sweep_variants(base, variants, settings, "seed")
 
 

@@ -19,16 +19,37 @@ from typing import Any
 
 import pandas as pd
 
+from kvrepro._paths import data_file
 from kvrepro.analysis.runs import fill_time_s
+from kvrepro.calibration.calibrate import load_plan
 from kvrepro.engines.sim import SimProfile, sim_profile
 from kvrepro.engines.sim.campaign import simulate_campaign
 from kvrepro.studies.provenance import HEADLINE_KINDS, kind_of
 from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload import AgenticSpec, Workload, generate_agentic
 
-# The pause between turns is not in the study; fitted to the DRAM tier's fill time (~45 min)
-# and peak gain of A2 (see data/servers/study_a.yaml).
-STUDY_A_PAUSE = {"kind": "lognormal", "mean_s": 60.0, "sigma": 1.0}
+STUDY_A_PLAN = data_file("studies", "study_a.yaml")
+"""Study A's campaign (workload, client) and its calibration plan: the fitted pause,
+p_returning and in-flight cap are written there by `kvrepro calibrate`."""
+
+
+def study_a_campaign() -> dict[str, Any]:
+    """The `campaign` section of `STUDY_A_PLAN` (tiers, workload, max_in_flight, bin_s)."""
+    return dict(load_plan(STUDY_A_PLAN).campaign)
+
+
+def plan_value(name: str, given: Any = None) -> Any:
+    """`given`, or when it is None the plan's campaign value `name` (a workload field such as
+    `duration_s`, or `bin_s`, `max_in_flight`): a notebook parameter left at None reads the
+    plan, so the plan's number is written once."""
+    if given is not None:
+        return given
+    campaign = study_a_campaign()
+    return campaign[name] if name in campaign else campaign["workload"][name]
+
+
+STUDY_A_PAUSE: dict[str, Any] = dict(study_a_campaign()["workload"]["pause"])
+"""The fitted pause between a session's turns (the study gives none)."""
 
 _RELATIVE_20 = ("A2.baseline_plateau", "A2.dram_peak_gain", "A2.flash_peak_gain",
                 "A2.dram_after", "A2.flash_after", "A3.dram_peak_output", "A3.flash_output",
@@ -172,16 +193,20 @@ def without_queue_wait(records: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------ the campaign
 
 
-def study_a_workload(seed: int = 0, duration_s: float = 5400.0, warmup_s: float = 180.0,
-                     pause: Mapping[str, Any] | None = None,
-                     session_rate_per_min: float = 2.5) -> Workload:
-    """Study A's agentic sessions (`pause` None: the fitted `STUDY_A_PAUSE`).
+def study_a_workload(seed: int = 0, duration_s: float | None = None,
+                     warmup_s: float | None = None, pause: Mapping[str, Any] | None = None,
+                     session_rate_per_min: float | None = None,
+                     workload: Mapping[str, Any] | None = None) -> Workload:
+    """Study A's agentic sessions: the plan's workload (`workload` None: `STUDY_A_PLAN`'s,
+    fitted), with any argument that is not None overriding its field.
 
-    Why one function: notebooks 04 and 10 (and the seed sweep) must run the very same
-    workload; written once, a change of the study's shape reaches all of them."""
-    return generate_agentic(AgenticSpec(seed=seed, duration_s=duration_s, warmup_s=warmup_s,
-                                        pause=pause or STUDY_A_PAUSE,
-                                        session_rate_per_min=session_rate_per_min))
+    Why one function: notebooks 04 and 10 (the seed sweep, the calibration) must run the very
+    same workload; written once, a change of the study's shape reaches all of them."""
+    fields = dict(workload if workload is not None else study_a_campaign()["workload"])
+    given = {"duration_s": duration_s, "warmup_s": warmup_s, "pause": pause,
+             "session_rate_per_min": session_rate_per_min}
+    fields.update({k: v for k, v in given.items() if v is not None})
+    return generate_agentic(AgenticSpec(seed=seed, **fields))
 
 
 @dataclass(frozen=True)
@@ -203,12 +228,23 @@ def dram_capacity_bytes(spec: ServerSpec, tier: str = "dram") -> float | None:
     return sum(s.capacity_bytes for s in spec.tiers[tier].stores if s.name == "dram")
 
 
+def study_a_max_in_flight() -> int | None:
+    """The load client's fitted cap on requests in flight (None: no cap), from the plan."""
+    return study_a_campaign().get("max_in_flight")
+
+
+_PLAN_CAP = object()
+
+
 def simulate_study_a(spec: ServerSpec, tiers: Sequence[str], workload: Workload,
-                     warmup_s: float = 180.0, progress: bool = False) -> StudyACampaign:
-    """Study A's tiers of `spec` on the twin, with the DRAM tier's fill time."""
+                     warmup_s: float = 180.0, progress: bool = False,
+                     max_in_flight: Any = _PLAN_CAP) -> StudyACampaign:
+    """Study A's tiers of `spec` on the twin, with the DRAM tier's fill time; the client's
+    in-flight cap is the plan's (`study_a_max_in_flight`) unless given (None: no cap)."""
+    cap = study_a_max_in_flight() if max_in_flight is _PLAN_CAP else max_in_flight
     profile = sim_profile(spec)
     records, samples = simulate_campaign(workload, profile, list(tiers), warmup_s=warmup_s,
-                                         progress=progress)
+                                         progress=progress, max_in_flight=cap)
     capacity = dram_capacity_bytes(spec)
     fill_s = (fill_time_s(samples, "dram_bytes_used", capacity, tier="dram")
               if capacity else math.nan)

@@ -43,6 +43,7 @@ from kvrepro._paths import data_file
 from kvrepro.engines.sim.config import SimProfile, load_profile
 from kvrepro.engines.sim.engine import simulate
 from kvrepro.studies.microbench import TIER_LABELS, b6_summary
+from kvrepro.studies.reference import load_reference
 from kvrepro.workload.base import Workload
 from kvrepro.workload.benchmarks import (
     MacrobenchSpec,
@@ -261,6 +262,18 @@ def b7_differences(b7: pd.DataFrame, a: str = "opt", b: str = "mem",
     return out.reset_index(drop=True)
 
 
+def b7_versus_study(b7: pd.DataFrame) -> pd.DataFrame:
+    """B7's per-QPS OPT-vs-Memory TTFT differences next to the study's, in percentage points
+    (`gap_pp` = twin - study). Why points: the study's differences are a few percent either
+    side of zero (one is 0), where a relative error means nothing."""
+    ref = load_reference()["value"]
+    twin = b7_differences(b7)
+    study = [float(ref.get(f"B7.qps_{_qps_id(q)}", np.nan)) for q in twin["qps"]]
+    out = pd.DataFrame({"qps": twin["qps"], "study_pct": study, "twin_pct": twin["diff_pct"]})
+    out["gap_pp"] = out["twin_pct"] - out["study_pct"]
+    return out
+
+
 # --------------------------------------------------------------------------- B7's scale
 
 QWEN3_14B_CONTEXT_TOKENS = {"native": 40_960, "yarn": 131_072}
@@ -363,6 +376,7 @@ def _qps_id(qps: float) -> str:
 
 
 __all__ = ["B6_TIERS", "B7_LABELS", "B7_TIERS", "TIER_LABELS", "b6_records", "b6_summary",
-           "b7_differences", "b7_scale", "b7_workload", "microbench_profile", "run_b6", "run_b7",
+           "b7_differences", "b7_scale", "b7_versus_study", "b7_workload",
+           "microbench_profile", "run_b6", "run_b7",
            "study_b_headlines", "study_b_profile", "with_cache_capacity",
            "with_gpu_kv_tokens"]

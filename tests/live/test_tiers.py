@@ -87,8 +87,9 @@ def test_vllm_parser_rejects_a_bad_flag(vllm_parser) -> None:
 def test_lmcache_yaml_uses_lmcache_keys() -> None:
     tiers = load_tiers(TIER_FILES[[p.name for p in TIER_FILES].index("study_a.yaml")])
     dram, flash = lmcache_config(tiers["dram"]), lmcache_config(tiers["flash"])
-    flags = {"enable_async_loading": False, "save_decode_cache": False,
-             "save_unfull_chunk": False}  # LMCache's defaults, written explicitly
+    # the spec's flags, written explicitly: its fitted load mode, LMCache's other defaults
+    flags = {"enable_async_loading": tiers["dram"].lmcache.enable_async_loading,
+             "save_decode_cache": False, "save_unfull_chunk": False}
     assert dram == {"chunk_size": 256, "local_cpu": True,
                     "max_local_cpu_size": pytest.approx(476.837, abs=1e-3), **flags}
     assert flash["local_disk"] == "file:///mnt/raid10/kvrepro-lmcache/"

@@ -29,7 +29,7 @@ def test_override_aliases_and_paths() -> None:
     base = load_server(STUDY_A)
     bigger = override_server(base, {"dram_gb": 1024, "twin.mfu": 0.3})
     assert bigger.tiers["dram"].stores[0].capacity_bytes == 1024e9
-    assert bigger.twin.mfu == 0.3 and base.twin.mfu == 0.38
+    assert bigger.twin.mfu == 0.3 and base.twin.mfu != 0.3  # the base spec is not changed
     with pytest.raises(ValueError, match="nvme_gb"):
         override_server(base, {"nvme_gb": 1})
     with pytest.raises(ValueError, match="mfuu"):
@@ -76,11 +76,14 @@ def test_study_a_notebook_numbers(tmp_path) -> None:
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["study_a"], params)
     assert not result.failures, result.failures
     got = result.headlines.set_index("id").reproduced
-    from kvrepro.studies.study_a import STUDY_A_PAUSE
+    from kvrepro.calibration.calibrate import load_plan
+    from kvrepro.studies.study_a import STUDY_A_PLAN
 
-    workload = generate_agentic(AgenticSpec(duration_s=1800.0, warmup_s=180.0,
-                                            pause=STUDY_A_PAUSE))
-    records, samples = simulate_campaign(workload, STUDY_A, warmup_s=180.0, progress=False)
+    campaign = load_plan(STUDY_A_PLAN).campaign  # the fitted workload and client cap
+    fields = {k: campaign["workload"][k] for k in ("pause", "p_returning")}
+    workload = generate_agentic(AgenticSpec(duration_s=1800.0, warmup_s=180.0, **fields))
+    records, samples = simulate_campaign(workload, STUDY_A, warmup_s=180.0, progress=False,
+                                         max_in_flight=campaign["max_in_flight"])
     direct = study_a_headlines(records, samples, dram_capacity_bytes=512e9,
                                         run_s=1800.0, bin_s=300.0)  # the notebook's bins
     assert got["A2.baseline_plateau"] == pytest.approx(direct["A2.baseline_plateau"])

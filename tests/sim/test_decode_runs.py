@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -35,7 +36,6 @@ from kvrepro.engines.sim.scheduler import Scheduler
 from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import load_fleet
 from kvrepro.records import read_run
-from kvrepro.studies.study_a import STUDY_A_PAUSE
 from kvrepro.workload import AgenticSpec, build_workload, generate_agentic
 from kvrepro.workload.base import Workload
 
@@ -58,12 +58,19 @@ def _frame_digest(frame: pd.DataFrame) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+DIGEST_SERVER = Path(__file__).resolve().parents[1] / "data" / "study_a_digest_server.yaml"
+"""Study A's server as it was when the digests were taken (frozen: a refit of the shipped
+spec must not move a check of the twin's code)."""
+DIGEST_PAUSE = {"kind": "lognormal", "mean_s": 60.0, "sigma": 1.0}
+"""The pause of that time (the shipped one is refitted by `kvrepro calibrate`)."""
+
+
 def _study_a_campaign() -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Notebook 04's campaign (seed 0, 2.5 sessions/min, the fitted pause, 180 s warm-up,
-    data/servers/study_a.yaml, three tiers), 20 minutes long."""
+    """Notebook 04's campaign as of the digests (seed 0, 2.5 sessions/min, a 60 s pause,
+    180 s warm-up, `DIGEST_SERVER`, three tiers), 20 minutes long."""
     workload = generate_agentic(AgenticSpec(seed=0, duration_s=1200.0, warmup_s=180.0,
-                                            pause=STUDY_A_PAUSE, session_rate_per_min=2.5))
-    profile = load_profile(data_file("servers", "study_a.yaml"))
+                                            pause=DIGEST_PAUSE, session_rate_per_min=2.5))
+    profile = load_profile(DIGEST_SERVER)
     return simulate_campaign(workload, profile, ["baseline", "dram", "flash"], warmup_s=180.0,
                              progress=False)
 

@@ -31,8 +31,12 @@ def make_workload(seed: int):
 
 @pytest.fixture(scope="module")
 def spec():
-    # a small DRAM tier, so that it fills within the short run
-    return override_server(load_server(STUDY_A), {"dram_gb": 48})
+    # a small DRAM tier, so that it fills within the short run; synchronous loads (LMCache's
+    # default; the shipped spec has the load mode its calibration chose), so that the load
+    # mode sweep's other run is the asynchronous one
+    return override_server(load_server(STUDY_A), {
+        "dram_gb": 48, "tiers.dram.lmcache.enable_async_loading": False,
+        "tiers.flash.lmcache.enable_async_loading": False})
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +128,9 @@ def test_seed_sweep_and_its_views(spec, settings, base) -> None:
     assert list(dict.fromkeys(sweep.table.seed)) == [0, 1]
     other = simulate_campaign(make_workload(1), spec, TIERS, warmup_s=WARMUP_S, progress=False)
     want = study_a_headlines(*other, settings)
-    got = sens.reproduced_by(sweep, figures=["A5"])
+    got = sens.reproduced_by(sweep, figures=["A5"])[1].dropna()  # NaN: seed 0 only
     assert set(got.index) == {i for i in want if i.startswith("A5.")}
-    assert got[1].to_dict() == pytest.approx({i: want[i] for i in got.index})
+    assert got.to_dict() == pytest.approx({i: want[i] for i in got.index})
     counts = sens.met_by(sweep)
     for seed in (0, 1):
         part = sweep.table[sweep.table.seed == seed]

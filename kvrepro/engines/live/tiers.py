@@ -253,8 +253,9 @@ def _lmcache_mp_settings(tier: TierSpec) -> LMCacheMPSettings:
     flash store as an `fs_native` folder with a capacity limit and LRU eviction)."""
     where = f"tier {tier.name!r}"
     flags = tier.lmcache
-    changed = [k for k in ("enable_async_loading", "save_decode_cache", "save_unfull_chunk")
-               if getattr(flags, k)]
+    # enable_async_loading needs no setting: the multi-process connector always loads
+    # asynchronously (lmcache_mp_connector.get_num_new_matched_tokens), as the twin does
+    changed = [k for k in ("save_decode_cache", "save_unfull_chunk") if getattr(flags, k)]
     if changed or flags.extra:
         raise ValueError(f"{where}: lmcache {changed or sorted(flags.extra)} have no "
                          "multi-process LMCache setting (lmcache server)")
