@@ -196,6 +196,26 @@ def validation_tables(run_dir: Path) -> dict[str, Any] | None:
     return {"summary": summary, "rows": rows, "source": str(path)}
 
 
+def fit_tables(run_dir: Path, headlines: pd.DataFrame) -> dict[str, list[dict[str, str]]]:
+    """The fitted targets' residuals (`kvrepro.studies.fits`) and every predicted miss a
+    notebook explained (`results/misses/*.csv`, `kvrepro.studies.study_a_misses`)."""
+    from kvrepro.studies.fits import fitted_residuals
+    from kvrepro.studies.study_a_misses import MISSES_DIR
+
+    fits = [{"id": r.id, "study": _number(r.study), "reproduced": _number(r.reproduced),
+             "residual": _show(r.residual_pct, "{:+.1f} %"),
+             "within": "yes" if r.within else "NO", "plan": r.plan,
+             "closeness": "close" if r.within else "far"}
+            for r in fitted_residuals(headlines).itertuples()]
+    misses = []
+    for path in sorted((run_dir / "results" / MISSES_DIR).glob("*.csv")):
+        for r in pd.read_csv(path).itertuples():
+            misses.append({"id": r.id, "study": _number(r.study),
+                           "reproduced": _number(r.reproduced), "why": str(r.why),
+                           "evidence": _show(r.evidence, "{:.4g}"), "source": path.stem})
+    return {"fits": fits, "misses": misses}
+
+
 def _git_commit(where: Path) -> str:
     """`git rev-parse HEAD` where the run lives, with a note when the tree has changes."""
     try:
@@ -278,7 +298,8 @@ def _context(run_dir: Path, figures_dir: Path) -> dict[str, Any]:
             "study_names": STUDY_NAMES, "sections": sections(headlines, figures_dir),
             "kinds": KINDS, "by_kind": count_by_kind(headlines).to_dict("records"),
             "close_pct": _CLOSE_PCT, "near_pct": _NEAR_PCT,
-            "validation": validation_tables(run_dir), "commit": _git_commit(run_dir),
+            "validation": validation_tables(run_dir), "fit": fit_tables(run_dir, headlines),
+            "commit": _git_commit(run_dir),
             "versions": package_versions(), "machine": machine(),
             "notebooks": notebook_provenance(run_dir)}
 
@@ -311,6 +332,6 @@ def write_report(run_dir: str | Path, figures_dir: str | Path,
 
 
 __all__ = ["REPORT_HTML", "STUDY_FIGURES", "TIMINGS_CSV", "Image", "Section", "figure_id",
-           "headline_rows", "latest_run_dir", "machine", "notebook_provenance",
+           "fit_tables", "headline_rows", "latest_run_dir", "machine", "notebook_provenance",
            "package_versions", "png_data_uri", "render", "sections", "validation_tables",
            "write_report"]

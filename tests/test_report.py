@@ -182,3 +182,18 @@ def test_report_in_headless_chromium(run_dir: Path) -> None:
     assert any("on purpose" in e for e in broken_errors), broken_errors
     data = shot.read_bytes()
     assert png_size(data) == tuple(viewport) and viewport[0] == 1280 and len(data) > 10_000
+
+
+def test_report_shows_the_fitted_residuals_and_the_explained_misses(run_dir: Path) -> None:
+    from kvrepro.studies.study_a_misses import save_misses
+
+    misses = pd.DataFrame([{"id": "A4.ttft_cached", "study": 0.5, "reproduced": 0.06,
+                            "why": "no queue & no load <while VRAM holds>", "evidence": 0.0}])
+    save_misses(misses, run_dir / "results", "04_sim_study_a")
+    page = _parse(write_report(run_dir, run_dir.parents[1] / "figures"))
+    text = " ".join(" ".join(page.text).split())
+    assert "fit" in {attrs.get("id") for _, attrs in page.tags}
+    for ref_id in ("A2.baseline_plateau", "A5.resumes", "B6.opt_high"):  # every plan target
+        assert ref_id in text
+    assert "no queue & no load <while VRAM holds>" in text  # escaped, shown as text
+    assert "04_sim_study_a" in text

@@ -10,6 +10,7 @@ recorded"), so a new miss cannot hide behind an old explanation.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -127,3 +128,20 @@ def explain_misses(table: pd.DataFrame, records: pd.DataFrame,
         rows.append({"id": row.id, "study": row.study, "reproduced": row.reproduced,
                      "why": why, "evidence": value})
     return pd.DataFrame(rows, columns=["id", "study", "reproduced", "why", "evidence"])
+
+
+MISSES_DIR = "misses"
+"""Subfolder of a reproduce run's results/ where a notebook leaves its misses table (apart
+from the headline CSVs, which `reference.collect_headlines` gathers from results/ itself)."""
+
+
+def save_misses(misses: pd.DataFrame, results_dir: str | Path | None, name: str
+                ) -> Path | None:
+    """Write an `explain_misses` table to `results_dir/misses/<name>.csv` for the report
+    (no-op without a folder, as in an interactive run)."""
+    if results_dir is None or results_dir == "":
+        return None
+    path = Path(results_dir) / MISSES_DIR / f"{name}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    misses.to_csv(path, index=False)
+    return path
