@@ -13,6 +13,7 @@ import re
 import uuid
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -196,8 +197,9 @@ def test_reproduce_shows_every_fitted_targets_residual_with_its_rule():
     from kvrepro.studies.fits import fitted_residuals
     from kvrepro.studies.reference import compare
 
-    table = compare({"A2.baseline_plateau": 13_500.0, "A4.dram_ttft_before_fill": 0.4,
-                     "B6.untuned_low": 1.26})
+    table = pd.concat([compare({"A2.baseline_plateau": 13_500.0,
+                                "A4.dram_ttft_before_fill": 0.4}, source="04_sim_study_a"),
+                       compare({"B6.untuned_low": 1.26}, source="05_sim_study_b")])
     fits = fitted_residuals(table).set_index("id")
     declared = {t for p in PLANS for t in load_plan(p).calibration.targets}
     assert set(fits.index) == declared
@@ -206,3 +208,13 @@ def test_reproduce_shows_every_fitted_targets_residual_with_its_rule():
     assert fits.at["A4.dram_ttft_before_fill", "residual_pct"] == 0.0  # inside the 1 s bound
     assert fits.at["B6.untuned_low", "within"]
     assert not fits.at["A5.resumes", "within"]  # not in the table: shown, and not within
+
+
+def test_the_fit_is_read_from_the_plans_notebook_only():
+    from kvrepro.studies.fits import fitted_residuals
+    from kvrepro.studies.reference import compare
+
+    table = pd.concat([compare({"A5.resumes": 14.0}, source="02_workload"),
+                       compare({"A5.resumes": 10.0}, source="04_sim_study_a")])
+    fits = fitted_residuals(table).set_index("id")
+    assert fits.at["A5.resumes", "reproduced"] == 10.0

@@ -87,6 +87,9 @@ class CalibrationPlan(_Strict):
     description: str = ""
     server: str = Field(description="the study's server spec, relative to this file")
     point_function: str = Field(description="module:function running one twin campaign")
+    headline_source: str = Field("", description="the notebook whose headline rows show the "
+                                 "fit in `kvrepro reproduce` (another notebook may report "
+                                 "the same id from other data)")
     campaign: dict[str, Any] = Field(default_factory=dict, description="the study's campaign "
                                      "(workload, client); the point function reads it")
     calibration: Calibration

@@ -37,13 +37,16 @@ def fit_residuals(headlines: Mapping[str, float], targets: list[str]) -> dict[st
 
 def fitted_residuals(headlines: pd.DataFrame) -> pd.DataFrame:
     """One row per fitted target of every plan, from a `reference.compare` table (rows of the
-    `fitted` kind); a target the table lacks is shown with NaN and `within` False."""
+    `fitted` kind, from the plan's `headline_source` notebook when the table has sources); a
+    target the table lacks is shown with NaN and `within` False."""
     rows = []
     for path in sorted((data_dir() / "studies").glob("*.yaml")):
         plan = load_plan(path)
         tol = plan.calibration.tolerance
         for ref_id in plan.calibration.targets:
             found = headlines[(headlines["id"] == ref_id) & (headlines["kind"] == "fitted")]
+            if plan.headline_source and "source" in found.columns:
+                found = found[found["source"] == plan.headline_source]
             study = float(found["study"].iloc[0]) if len(found) else math.nan
             value = float(found["reproduced"].iloc[0]) if len(found) else math.nan
             res = residual(value, study, residual_rule(ref_id)) if len(found) else math.inf
