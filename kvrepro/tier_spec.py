@@ -472,7 +472,9 @@ def shipped_server(name: str) -> ServerSpec:
     return load_server(data_file("servers", f"{safe_name(name, 'shipped server')}.yaml"))
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `tree`'s value at a dotted path (`twin.mfu`, `tiers.dram.stores.0.eviction`; a
+    number indexes a list), making missing mappings on the way."""
     node: Any = tree
     keys = dotted.split(".")
     for key in keys[:-1]:
@@ -502,7 +504,7 @@ def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
                 store["capacity_bytes"] = float(value) * 1e9
             continue
         try:
-            _set_path(tree, key, value)
+            set_dotted(tree, key, value)
         except (KeyError, IndexError, ValueError, TypeError) as err:
             raise ValueError(f"server override {key!r}: no such key ({err})") from err
     return _validate(tree, f"server {spec.description[:40]!r} with overrides {overrides}")

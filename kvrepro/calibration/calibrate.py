@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvrepro._checks import load_yaml_model
 from kvrepro.sweep import Scalar, load_point_function, run_sweep
+from kvrepro.tier_spec import set_dotted
 
 RESIDUAL_PREFIX = "residual_"
 """Columns a calibration point function returns: `residual_<id>` for every target."""
@@ -120,17 +121,6 @@ def _get(tree: Any, dotted: str) -> Any:
     return tree
 
 
-def _set(tree: Any, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    node = tree
-    for key in parents:
-        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
-
-
 def current_values(plan_path: str | Path) -> dict[str, Any]:
     """Each free parameter's value in the shipped files (its first place)."""
     import yaml
@@ -164,7 +154,7 @@ def apply_point(plan_path: str | Path, point: Mapping[str, Any]
         if param.name in point:
             for place in param.sets:
                 where, _, dotted = place.partition(":")
-                _set(trees[where], dotted, point[param.name])
+                set_dotted(trees[where], dotted, point[param.name])
     return server, campaign
 
 
