@@ -486,9 +486,10 @@ SCHEDULE_ARRIVALS = {0: 10.0, 1: 3.0}
 
 
 def fake_run(tmp_path: Path, cfg_kwargs: dict[str, Any] | None = None,
+             clock: FakeClock | None = None,
              **transport_kwargs: Any) -> tuple[ClientStats, pd.DataFrame, FakeTransport]:
     """The schedule workload on virtual time; asserts it took no real waiting."""
-    clock = FakeClock()
+    clock = clock or FakeClock()
     transport = FakeTransport(clock, **transport_kwargs)
     wl = table_workload(SCHEDULE_ROWS, SCHEDULE_ARRIVALS)
     start = time.monotonic()
@@ -537,6 +538,27 @@ def test_fake_clock_duration_stops_new_turns_and_drains(tmp_path: Path) -> None:
     assert stats.stopped_by == "duration" and stats.turns_not_sent == 2
     assert stats.sessions_cut == 1 and stats.sessions_completed == 1
     assert stats.elapsed_s == pytest.approx(56.0)
+
+
+class LateTimerClock(FakeClock):
+    """A loaded event loop: the wake-up at `late_at_s` comes `lag_s` late, others on time."""
+
+    def __init__(self, late_at_s: float, lag_s: float):
+        super().__init__()
+        self.late_at_s, self.lag_s = late_at_s, lag_s
+
+    async def sleep_until(self, t_s: float) -> None:
+        await super().sleep_until(t_s + self.lag_s if t_s == self.late_at_s else t_s)
+
+
+def test_fake_clock_sessions_that_see_the_duration_pass_end_the_run_by_duration(
+        tmp_path: Path) -> None:
+    # CI, stop 35: the duration's timer fired after every session had seen the cut and ended
+    # itself, and the run said "completed". Session 1 wakes at 100 s, past the 50 s cut.
+    stats, rec, _ = fake_run(tmp_path, {"duration_s": 50.0, "drain_timeout_s": 100.0},
+                             clock=LateTimerClock(late_at_s=50.0, lag_s=60.0))
+    assert (1, 1) not in rec.index and stats.sessions_cut == 1
+    assert stats.stopped_by == "duration" and stats.turns_not_sent == 2
 
 
 def test_fake_clock_default_end_rule_waits_for_every_request_sent(tmp_path: Path) -> None:

@@ -503,16 +503,21 @@ class _Run:
 
     async def _wait_for_end(self, stop_event: asyncio.Event | None) -> str:
         """Why the run ends: every session done, the duration reached, or `stop_event` set."""
-        waiters = {asyncio.create_task(self.all_done.wait()): "completed"}
+        waiters: dict[asyncio.Task[Any], str] = {}
         if stop_event is not None:
             waiters[asyncio.create_task(stop_event.wait())] = "stop_event"
         if self.config.duration_s is not None:
             waiters[asyncio.create_task(self.sleep_until(self.config.duration_s))] = "duration"
+        waiters[asyncio.create_task(self.all_done.wait())] = "completed"
         done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        return next(reason for task, reason in waiters.items() if task in done)
+        reason = next(reason for task, reason in waiters.items() if task in done)
+        if reason == "completed" and self.stats.sessions_cut and self.closed():
+            # Sessions saw the duration pass and ended themselves before its timer fired.
+            return "duration"
+        return reason
 
     async def _drain(self) -> None:
         """Let requests in flight finish (for at most `drain_timeout_s` when it is set; each is
