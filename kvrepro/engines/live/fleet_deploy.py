@@ -50,6 +50,7 @@ from kvrepro.engines.live.client import (
 )
 from kvrepro.engines.live.metrics import sample_metrics
 from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
+from kvrepro.engines.live.pins import requirement
 from kvrepro.engines.live.placement import pinned_client
 from kvrepro.engines.live.processes import (
     ManagedProcess,
@@ -74,7 +75,7 @@ from kvrepro.tier_spec import Placement
 from kvrepro.workload.base import Workload
 
 ROUTER_SCRIPT = "vllm-router"
-ROUTER_PACKAGE = "vllm-router==0.1.17"
+ROUTER_PACKAGE = requirement("vllm-router")
 SESSION_HEADER = "X-Session-ID"
 POOL_INSTANCE = -1
 """`instance` of the shared LMCache server's samples (and of records no instance claimed)."""

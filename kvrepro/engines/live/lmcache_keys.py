@@ -1,41 +1,37 @@
 """The LMCache configuration keys that exist, so the live engine writes no key LMCache ignores.
 
-Why: LMCache reads its YAML config (`LMCACHE_CONFIG_FILE`) leniently. In 0.5.0 an unknown key
-is only *logged* ("Unknown configuration key: ...") and dropped, so a misspelled
+Why: LMCache reads its YAML config (`LMCACHE_CONFIG_FILE`) leniently. In 0.5.0 and 0.5.6 an unknown
+key is only *logged* ("Unknown configuration key: ...") and dropped, so a misspelled
 `max_local_cpu_sise: 512` would serve the DRAM tier with the default 5 GB and nothing would
 fail. The live engine therefore checks every config it writes with `validate_lmcache_config`
-against the keys LMCache itself defines. Study A ran the in-process form of release 0.5.0,
-which needs a GPU, so its key list is pinned here, extracted from that release; the CPU
-machines install lmcache 0.5.6 for its multi-process server (`make live-cpu`), and
-`installed_lmcache_keys` reads an installed package's own definitions, so the two can be
-compared. Multi-process commands are checked with LMCache's own argument parser
-(`check_lmcache_server_args`).
+against the keys LMCache itself defines, pinned here from the release the live stack pins
+(`kvrepro.engines.live.pins`: `make live-gpu` and `make live-cpu` install it; study A ran
+0.5.0, whose 103 keys 0.5.6 all keeps, adding 5 and changing one default). On a machine with
+lmcache installed, `installed_lmcache_keys` reads its own definitions, so the two can be
+compared (`tests/test_pins.py`). Multi-process commands are checked with LMCache's own argument
+parser (`check_lmcache_server_args`).
 
 How `LMCACHE_KEYS` was extracted (redo it this way for another release):
 
-    repository  LMCache/LMCache (https://github.com/LMCache/LMCache), release 0.5.0, the
-                version study A ran; the wheel names its commit as 389b9cfc
-                (`lmcache/_version.py`: __commit_id__ = 'g389b9cfc'; dist-info
-                scm_version.json: tag 0.5.0, distance 0, node_date 2026-06-23)
-    obtained    from PyPI, since the repository snapshot available here is from 2024:
-                  pip download lmcache==0.5.0 --no-deps --only-binary :all: \
-                      --platform manylinux_2_28_x86_64 --python-version 3.11
-                  -> lmcache-0.5.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl
-                     (sha256 da3a843f1d3f2f494e90b3a899ad11722f59ed78a14258bc99c91cea1451e46a)
-                and unzipped (config.py is pure Python, copied into the wheel from that commit)
-    file        lmcache/v1/config.py (md5 887db39a425c465c8a1893356505619c in that wheel)
+    repository  LMCache/LMCache (https://github.com/LMCache/LMCache), release 0.5.6, the
+                pinned one; its wheel names its commit as 3e11e108
+                (`lmcache/_version.py`: __commit_id__ = 'g3e11e108')
+    obtained    from PyPI, as `make live-cpu` installs it (pip install lmcache==0.5.6)
+    file        lmcache/v1/config.py (md5 aab59135e9c6203234e057b49cdaba6e in that wheel)
     object      the module-level dict `_CONFIG_DEFINITIONS` ("Single configuration definition
                 center"): its keys are the config keys, each value's "type" and "default"
                 entries are copied below as source text. Also `_CONFIG_ALIASES` and
                 `_DEPRECATED_CONFIGS` (old names) for error messages.
-    method      without importing lmcache (it needs torch/CUDA), with the standard library:
-                  tree = ast.parse(src)
-                  node = the module-level assignment whose target is _CONFIG_DEFINITIONS
-                  for key, spec in zip(node.value.keys, node.value.values):
-                      fields = {ast.literal_eval(k): ast.get_source_segment(src, v)
-                                for k, v in zip(spec.keys, spec.values)}
-                      row = (ast.literal_eval(key), fields["type"], fields["default"])
-                giving 103 keys, in the order of the source.
+    method      without importing lmcache (it may need torch/CUDA), with the standard
+                library's ast: `python scripts/extract_lmcache_keys.py <that config.py>`
+                prints both dicts below, 108 keys in the order of the source.
+
+Study A's release, 0.5.0 (commit 389b9cfc, from PyPI's
+lmcache-0.5.0-cp311-cp311-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl, md5 of its config.py
+887db39a425c465c8a1893356505619c), read the same way, gives 103 keys: 0.5.6 adds
+run_script_api_enabled, enable_hidden_state_cache, max_hidden_state_cpu_size,
+hidden_state_layers and hidden_states_retrieve_mode, and moves internal_api_server_host's
+default from "0.0.0.0" to "127.0.0.1".
 
 Older v1 sources (e.g. lmcache/v1/config.py at commit 3ecd72f84ee028571d17a9694d910b5339d33874
 of LMCache/LMCache) use the same dict with fewer, partly different keys (nixl_* where
@@ -54,13 +50,13 @@ import importlib.util
 from collections.abc import Iterable
 from typing import Any
 
-LMCACHE_VERSION = "0.5.0"
-LMCACHE_COMMIT = "389b9cfc"  # abbreviated, as the release wheel records it
+LMCACHE_VERSION = "0.5.6"  # the pin (kvrepro.engines.live.pins); tests/test_pins.py
+LMCACHE_COMMIT = "3e11e108"  # abbreviated, as the release wheel records it
 LMCACHE_REPOSITORY = "LMCache/LMCache"
 LMCACHE_SOURCE_PATH = "lmcache/v1/config.py"
 LMCACHE_SOURCE_OBJECT = "_CONFIG_DEFINITIONS"
 
-# key -> (type, default), both as written in LMCache 0.5.0's _CONFIG_DEFINITIONS.
+# key -> (type, default), both as written in LMCache 0.5.6's _CONFIG_DEFINITIONS.
 LMCACHE_KEYS: dict[str, tuple[str, str]] = {
     "chunk_size": ("int", '256'),
     "local_cpu": ("bool", 'True'),
@@ -126,7 +122,7 @@ LMCACHE_KEYS: dict[str, tuple[str, str]] = {
     "use_gds": ("bool", 'True'),
     "gds_backend": ("str", '"cufile"'),
     "audit_actual_remote_url": ("Optional[str]", 'None'),
-    "internal_api_server_host": ("str", '"0.0.0.0"'),
+    "internal_api_server_host": ("str", '"127.0.0.1"'),
     "extra_config": ("Optional[dict]", 'None'),
     "save_unfull_chunk": ("bool", 'False'),
     "blocking_timeout_secs": ("int", '10'),
@@ -149,6 +145,7 @@ LMCACHE_KEYS: dict[str, tuple[str, str]] = {
     "lookup_server_worker_ids": ("Optional[list[int]]", 'None'),
     "enable_scheduler_bypass_lookup": ("bool", 'False'),
     "script_allowed_imports": ("Optional[list[str]]", 'None'),
+    "run_script_api_enabled": ("bool", 'False'),
     "enable_lazy_memory_allocator": ("bool", 'False'),
     "lazy_memory_initial_ratio": ("float", '0.2'),
     "lazy_memory_expand_trigger_ratio": ("float", '0.5'),
@@ -165,10 +162,13 @@ LMCACHE_KEYS: dict[str, tuple[str, str]] = {
     "pin_check_interval_sec": ("int", '30'),
     "remote_config_url": ("Optional[str]", 'None'),
     "app_id": ("Optional[str]", 'None'),
+    "enable_hidden_state_cache": ("bool", 'False'),
+    "max_hidden_state_cpu_size": ("float", '2.0'),
+    "hidden_state_layers": ("Optional[list[int]]", 'None'),
+    "hidden_states_retrieve_mode": ("str", '"prefix_strict"'),
 }
-# Old names LMCache 0.5.0 still mentions (_CONFIG_ALIASES, _DEPRECATED_CONFIGS): old -> new,
-# None when the key is gone. In a YAML file 0.5.0 honours only the deprecated ones that have
-# an alias (plugin_locations, external_backends); the others are dropped like unknown keys.
+# Old names LMCache 0.5.6 still mentions (_CONFIG_ALIASES, _DEPRECATED_CONFIGS): old -> new,
+# None when the key is gone.
 LMCACHE_OLD_NAMES: dict[str, str | None] = {
     "enable_xpyd": "enable_pd",
     "nixl_peer_host": "pd_peer_host",
@@ -176,12 +176,13 @@ LMCACHE_OLD_NAMES: dict[str, str | None] = {
     "nixl_peer_alloc_port": "pd_peer_alloc_port",
     "nixl_proxy_host": "pd_proxy_host",
     "nixl_proxy_port": "pd_proxy_port",
+    "nixl_buffer_size": "pd_buffer_size",
     "nixl_role": "pd_role",
     "controller_url": "controller_pull_url",
     "lmcache_worker_port": "lmcache_worker_ports",
     "plugin_locations": "runtime_plugin_locations",
     "external_backends": "storage_plugins",
-    "nixl_peer_port": None,  # its warning names nixl_receiver_port, which 0.5.0 lacks too
+    "nixl_peer_port": None,
 }
 
 _SCALARS: dict[str, tuple[type, ...]] = {
