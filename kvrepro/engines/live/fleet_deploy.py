@@ -29,6 +29,7 @@ and, for a shared pool, from its LMCache server (`instance` = -1).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import zlib
@@ -39,7 +40,7 @@ from typing import Any, Literal
 import aiohttp
 from pydantic import ValidationError
 
-from kvrepro._paths import child_path
+from kvrepro._paths import child_path, empty_folder
 from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import (
     ClientConfig,
@@ -60,8 +61,8 @@ from kvrepro.engines.live.processes import (
     port_in_use,
     wait_gone,
 )
-from kvrepro.engines.live.runner import LiveOptions, _watch
-from kvrepro.engines.live.server import VllmServer, with_free_ports
+from kvrepro.engines.live.runner import LiveOptions, _watch, describe_plans
+from kvrepro.engines.live.server import DeployPlan, VllmServer, with_free_ports
 from kvrepro.engines.live.tiers import (
     TierConfig,
     format_command,
@@ -192,17 +193,25 @@ class LMCachePool:
         if self.disk is not None:
             self.disk.sample()
 
+    def plan(self) -> DeployPlan:
+        """Write its command line, environment and tier into its folder; start nothing."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        command = lmcache_server_command(self.tier, self.python)
+        env = {**self.tier.env, "LMCACHE_DISABLE_BANNER": "1"}
+        files = [self.run_dir / name for name in ("lmcache_command.txt", "tier.json", "env.json")]
+        files[0].write_text(format_command(command) + "\n")
+        files[1].write_text(self.tier.model_dump_json(indent=2))
+        files[2].write_text(json.dumps(env, indent=2) + "\n")
+        return DeployPlan({"LMCache server": command}, env, files)
+
     def start(self) -> None:
         """Start the LMCache server and wait until its health check answers."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        plan = self.plan()
         self.shm = SharedMemory()
         if self.disk is not None:
             self.disk.prepare()
-        command = lmcache_server_command(self.tier, self.python)
-        (self.run_dir / "lmcache_command.txt").write_text(format_command(command) + "\n")
-        (self.run_dir / "tier.json").write_text(self.tier.model_dump_json(indent=2))
-        env = self.shm.environment({**os.environ, **self.tier.env,
-                                    "LMCACHE_DISABLE_BANNER": "1"}, self.run_dir)
+        command = plan.commands["LMCache server"]
+        env = self.shm.environment({**os.environ, **plan.env}, self.run_dir)
         self.process = ManagedProcess("shared LMCache server", command,
                                       self.run_dir / "lmcache_server.log", env,
                                       f"{self.url}/healthcheck",
@@ -253,11 +262,18 @@ def router_command(worker_urls: list[str], policy: str, host: str, port: int,
             "--host", host, "--port", str(port), *metrics]
 
 
+def _router_plan(fleet: FleetSpec, urls: list[str], run_dir: Path, python: str) -> list[str]:
+    """The router's command line (its metrics port chosen free), written into `run_dir`."""
+    command = router_command(urls, LIVE_ROUTER_POLICY[fleet.routing], "127.0.0.1",
+                             fleet.router_port, python, free_port())
+    (run_dir / "router_command.txt").write_text(format_command(command) + "\n")
+    return command
+
+
 def _router_process(fleet: FleetSpec, urls: list[str], run_dir: Path,
                     python: str, pin_cpus: bool) -> ManagedProcess:
     """The router as a managed process (its log `router.log`), not started yet."""
-    command = router_command(urls, LIVE_ROUTER_POLICY[fleet.routing], "127.0.0.1",
-                             fleet.router_port, python, free_port())
+    command = _router_plan(fleet, urls, run_dir, python)
     cpus = fleet_placement(fleet, 0, pin_cpus).cpus("router")
     if not Path(command[0]).is_file():
         raise ServerError(f"{command[0]} not found: install the router next to vLLM "
@@ -265,7 +281,6 @@ def _router_process(fleet: FleetSpec, urls: list[str], run_dir: Path,
     if port_in_use("127.0.0.1", fleet.router_port):
         raise ServerError(f"router_port {fleet.router_port} is already in use (fleet spec "
                           "key router_port)")
-    (run_dir / "router_command.txt").write_text(format_command(command) + "\n")
     return ManagedProcess(f"vllm-router ({fleet.routing})", command, run_dir / "router.log",
                           dict(os.environ), f"http://127.0.0.1:{fleet.router_port}/health",
                           cpus=cpus)
@@ -312,21 +327,43 @@ class FleetDeployment(StartedOnEnter):
             return self.instances[0].base_url
         return f"http://127.0.0.1:{self.fleet.router_port}"
 
+    def _worker_urls(self) -> list[str]:
+        host = self.fleet.server_spec().live.host
+        return [f"http://{host}:{self.fleet.base_port + i}" for i in range(self.fleet.n_servers)]
+
+    def _instances(self) -> list[VllmServer]:
+        """The instances' servers (not started), on the pool when there is one."""
+        tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus)
+        return [VllmServer(t, self.run_dir / f"i{i}", self.python,
+                           external_lmcache=self.pool is not None) for i, t in enumerate(tiers)]
+
+    def plan(self) -> dict[str, DeployPlan]:
+        """Write every process's command line, environment and config into the run folder
+        (pool/, i<N>/, router_command.txt) as `start` would, and start nothing."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        shared = pool_tier(self.fleet, self.pin_cpus)
+        self.pool = None if shared is None else LMCachePool(shared, self.run_dir / "pool",
+                                                             self.python)
+        plans = {"pool": self.pool.plan()} if self.pool else {}
+        plans |= {f"i{i}": server.plan(build_model=False)
+                  for i, server in enumerate(self._instances())}
+        if self.router_kind == "vllm-router":
+            command = _router_plan(self.fleet, self._worker_urls(), self.run_dir, self.python)
+            plans["router"] = DeployPlan({"vllm-router": command}, {},
+                                         [self.run_dir / "router_command.txt"])
+        return plans
+
     def start(self) -> None:
         """Pool, instances, router, each healthy before the next step."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        host = self.fleet.server_spec().live.host
-        urls = [f"http://{host}:{self.fleet.base_port + i}" for i in range(self.fleet.n_servers)]
-        router = (_router_process(self.fleet, urls, self.run_dir, self.python, self.pin_cpus)
+        router = (_router_process(self.fleet, self._worker_urls(), self.run_dir, self.python,
+                                  self.pin_cpus)
                   if self.router_kind == "vllm-router" else None)  # checked before starting
         shared = pool_tier(self.fleet, self.pin_cpus)
         if shared is not None:
             self.pool = LMCachePool(shared, self.run_dir / "pool", self.python)
             self.pool.start()
-        tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus)
-        self.instances = [VllmServer(t, self.run_dir / f"i{i}", self.python,
-                                     external_lmcache=self.pool is not None)
-                          for i, t in enumerate(tiers)]
+        self.instances = self._instances()
         for server in self.instances:
             server.start()
         for i, server in enumerate(self.instances):
@@ -547,6 +584,23 @@ def fleet_grid(fleet: FleetSpec, routings: list[str] | None = None,
     """The fleet under each routing x pool (default: the spec's own)."""
     return [fleet.model_copy(update={"routing": r, "kv_pool": p})
             for p in (pools or [fleet.kv_pool]) for r in (routings or [fleet.routing])]
+
+
+def dry_run_fleet_campaign(fleets: list[FleetSpec], out_dir: str | Path,
+                           options: FleetOptions | None = None) -> str:
+    """What `run_fleet_campaign` would start, fleet by fleet (`FleetDeployment.plan`: pool,
+    instances, router), written into the same folders and `dry_run.txt`; nothing starts."""
+    empty_folder(out_dir, "dry run")
+    options = options or FleetOptions()
+    lines = []
+    for fleet in fleets:
+        folder = child_path(out_dir, run_name(fleet), "fleet run")
+        plans = FleetDeployment(fleet, folder, options.python, options.pin_cpus,
+                                options.router).plan()
+        lines.append(describe_plans(plans, f"{run_name(fleet)}/"))
+    text = "\n".join(lines)
+    (Path(out_dir) / "dry_run.txt").write_text(text)
+    return text
 
 
 def run_fleet_campaign(fleets: list[FleetSpec], workload: Workload, out_dir: str | Path,

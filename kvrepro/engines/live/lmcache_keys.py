@@ -48,6 +48,7 @@ import difflib
 import importlib
 import importlib.util
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 LMCACHE_VERSION = "0.5.6"  # the pin (kvrepro.engines.live.pins); tests/test_pins.py
@@ -282,3 +283,15 @@ def check_lmcache_server_args(args: list[str]) -> Any:
     namespace = parser.parse_args(args[1:])
     parse_args_to_l2_adapters_config(namespace)
     return namespace
+
+
+def load_lmcache_config_file(path: str | Path) -> Any:
+    """Load an LMCache YAML with the installed LMCache's own loader
+    (`LMCacheEngineConfig.from_file`, what `LMCACHE_CONFIG_FILE` goes through), after checking
+    its keys against the installed release's definitions (the loader only logs unknown keys).
+    Needs the lmcache package (`make live-cpu`, `make live-gpu`); returns LMCache's config."""
+    import yaml
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    validate_lmcache_config(yaml.safe_load(Path(path).read_text()), installed_lmcache_keys())
+    return LMCacheEngineConfig.from_file(str(path))

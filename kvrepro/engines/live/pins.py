@@ -18,9 +18,8 @@ The pins are written in three more places that cannot import this module, and
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Literal
 
-Device = Literal["gpu", "cpu"]
+from kvrepro.tier_spec import Device
 
 VLLM_VERSION = "0.32.0"
 LMCACHE_VERSION = "0.5.6"

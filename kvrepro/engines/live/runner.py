@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from kvrepro._paths import child_path
+from kvrepro._paths import child_path, empty_folder
 from kvrepro._signals import stop_on_signals
 from kvrepro.engines.live.client import ClientConfig, ClientStats, RealClock, run_workload
 from kvrepro.engines.live.metrics import sample_metrics
@@ -177,6 +177,28 @@ def run_campaign(tiers: list[TierConfig], workload: Workload, out_dir: str | Pat
     check_same_placement({name: read_run(folders[name]).meta for name, stats in results.items()
                           if not isinstance(stats, Exception)})
     return results
+
+
+def describe_plans(plans: Mapping[str, Any], prefix: str = "") -> str:
+    """Each deployment's plan (`DeployPlan.describe`) under a heading with its name."""
+    parts = [f"== {prefix}{name}\n{plan.describe()}" for name, plan in plans.items()]
+    return "\n\n".join(parts) + "\n"
+
+
+def dry_run_campaign(tiers: list[TierConfig], out_dir: str | Path,
+                     options: LiveOptions | None = None) -> str:
+    """What `run_campaign` would start, tier by tier, written into the same folders
+    (command lines, the environment kvrepro adds, tier.json, the LMCache config) and into
+    `dry_run.txt`; nothing is started. Multi-process LMCache ports are chosen free now and
+    again at deployment. Returns the text of `dry_run.txt`."""
+    empty_folder(out_dir, "dry run")
+    options = options or LiveOptions()
+    folders = {tier.name: child_path(out_dir, tier.name, "tier") for tier in tiers}
+    plans = {tier.name: VllmServer(tier, folders[tier.name], options.python).plan(
+        build_model=False) for tier in tiers}
+    text = describe_plans(plans)
+    (Path(out_dir) / "dry_run.txt").write_text(text)
+    return text
 
 
 def run(workload: Workload, server: ServerSpec, tier: str, run_dir: str | Path, *,

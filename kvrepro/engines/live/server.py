@@ -14,10 +14,12 @@ log, so the reason is on screen, not buried in a file.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,17 +54,40 @@ from kvrepro.engines.live.tiers import (
     with_run_disk,
 )
 
-__all__ = ["ServerError", "VllmServer", "log_tail", "port_in_use"]
+__all__ = ["DeployPlan", "ServerError", "VllmServer", "log_tail", "port_in_use"]
 
 log = logging.getLogger(__name__)
 
 
-def _resolve_model(tier: TierConfig) -> str:
+def _resolve_model(tier: TierConfig, build: bool = True) -> str:
+    """The model path vLLM gets; `kvrepro:tiny` is written locally first (unless `build` is
+    False, as in a dry run: then its folder, written or not)."""
     if tier.model != TINY_MODEL:
         return tier.model
-    from kvrepro.engines.tiny_model import ensure_tiny_model
+    from kvrepro.engines.tiny_model import ensure_tiny_model, tiny_model_dir
 
-    return str(ensure_tiny_model())
+    return str(ensure_tiny_model() if build else tiny_model_dir())
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """What a deployment runs: written into its run folder before anything starts, and all a
+    dry run does (`kvrepro run live --dry-run`)."""
+
+    commands: dict[str, list[str]]  # what -> command line ("vLLM", "LMCache server", ...)
+    env: dict[str, str]  # set on top of the caller's environment (not the whole environment)
+    files: list[Path]  # written into the run folder
+
+    def describe(self) -> str:
+        """The plan as a person reads it: commands, environment, the LMCache config."""
+        lines = [f"{what}: {format_command(command)}" for what, command in self.commands.items()]
+        lines += [f"env: {key}={value}" for key, value in self.env.items()]
+        for path in self.files:
+            if path.name == "lmcache.yaml":
+                lines.append(f"{path}:")
+                lines += [f"    {line}" for line in path.read_text().splitlines()]
+        lines.append("files: " + " ".join(str(p) for p in self.files))
+        return "\n".join(lines)
 
 
 def with_free_ports(tier: TierConfig) -> TierConfig:
@@ -118,11 +143,13 @@ class VllmServer(StartedOnEnter):
         """The vLLM process (None when not running)."""
         return self.vllm.process if self.vllm else None
 
-    def _prepare(self) -> tuple[list[str], dict[str, str]]:
-        """Write commands, tier and LMCache config into the run folder; return cmd and env."""
+    def plan(self, build_model: bool = True) -> DeployPlan:
+        """Write the command lines, the environment kvrepro adds, the tier and the LMCache
+        config into the run folder, and start nothing: `start` runs exactly this plan."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        command = server_command(self.tier, self.python, _resolve_model(self.tier))
-        env = {**os.environ, **vllm_env(self.tier.placement), **self.tier.env}
+        command = server_command(self.tier, self.python, _resolve_model(self.tier, build_model))
+        env = {**vllm_env(self.tier.placement), **self.tier.env}
+        files = [self.run_dir / "command.txt", self.run_dir / "tier.json"]
         cache_cfg = lmcache_config(self.tier)
         if cache_cfg is not None:
             from kvrepro.engines.live.lmcache_keys import validate_lmcache_config
@@ -131,13 +158,19 @@ class VllmServer(StartedOnEnter):
             cfg_path = self.run_dir / "lmcache.yaml"
             cfg_path.write_text(yaml.safe_dump(cache_cfg, sort_keys=False))
             env["LMCACHE_CONFIG_FILE"] = str(cfg_path.resolve())
-        (self.run_dir / "command.txt").write_text(format_command(command) + "\n")
-        (self.run_dir / "tier.json").write_text(self.tier.model_dump_json(indent=2))
-        return command, env
+            files.append(cfg_path)
+        commands = {"vLLM": command}
+        if self.tier.lmcache_mp is not None and not self.external_lmcache:
+            commands["LMCache server"] = lmcache_server_command(self.tier, self.python)
+            files.append(self.run_dir / "lmcache_command.txt")
+            files[-1].write_text(format_command(commands["LMCache server"]) + "\n")
+        files[0].write_text(format_command(command) + "\n")
+        files[1].write_text(self.tier.model_dump_json(indent=2))
+        files.append(self.run_dir / "env.json")
+        files[-1].write_text(json.dumps(env, indent=2) + "\n")
+        return DeployPlan(commands, env, files)
 
-    def _start_lmcache(self, env: dict[str, str]) -> None:
-        command = lmcache_server_command(self.tier, self.python)
-        (self.run_dir / "lmcache_command.txt").write_text(format_command(command) + "\n")
+    def _start_lmcache(self, command: list[str], env: dict[str, str]) -> None:
         self.lmcache = ManagedProcess(
             f"LMCache server for tier {self.tier.name!r}", command,
             self.run_dir / "lmcache_server.log", {**env, "LMCACHE_DISABLE_BANNER": "1"},
@@ -151,18 +184,19 @@ class VllmServer(StartedOnEnter):
         if port_in_use(self.tier.host, self.tier.port):
             raise ServerError(f"port {self.tier.port} on {self.tier.host} is already in use "
                               f"(tier {self.tier.name!r}: set another 'port')")
-        command, env = self._prepare()
+        plan = self.plan()
         self.shm = SharedMemory()
-        env = self.shm.environment(env, self.run_dir)
+        env = self.shm.environment({**os.environ, **plan.env}, self.run_dir)
         if self.disk is not None:
             self.disk.prepare()
         self.watcher = Watcher(self._sample)
         self.watcher.start()
-        if self.tier.lmcache_mp is not None and not self.external_lmcache:
-            self._start_lmcache(env)
+        if "LMCache server" in plan.commands:
+            self._start_lmcache(plan.commands["LMCache server"], env)
         placement = self.tier.placement
         # its worker must be allowed the engine CPUs to bind its OpenMP threads to them
-        self.vllm = ManagedProcess(f"vLLM server for tier {self.tier.name!r}", command,
+        self.vllm = ManagedProcess(f"vLLM server for tier {self.tier.name!r}",
+                                   plan.commands["vLLM"],
                                    self.log_path, env, f"{self.base_url}/health",
                                    cpus=union(placement.cpus("front"), placement.cpus("engine")))
         self.vllm.start()
