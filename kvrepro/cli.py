@@ -154,6 +154,37 @@ def _run_live(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    import json
+
+    from kvrepro.engines.live.doctor import as_records, doctor, format_checks
+
+    try:
+        checks = doctor(_server(args), args.tier, args.runs_dir)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"kvrepro doctor: {err}", file=sys.stderr)
+        return 2
+    print(format_checks(checks))
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_records(checks), indent=2) + "\n")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def _add_doctor_parser(sub: argparse._SubParsersAction) -> None:
+    doc = sub.add_parser("doctor", help="check a server before a live campaign: GPUs or CPUs, "
+                                        "memory, flash folders, fio, port, versions, model "
+                                        "(exit status 1 when a check fails)")
+    doc.add_argument("--server", required=True, help="server spec, e.g. "
+                                                      "data/servers/study_a.yaml")
+    doc.add_argument("--tier", action="append", help="tier to check (repeatable; default: all)")
+    doc.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="server spec override, as `run live` takes them")
+    doc.add_argument("--runs-dir", default="runs", help="where run folders go: a flash store "
+                     "without a path writes inside its run folder (default: runs)")
+    doc.add_argument("--json", help="also write the checks to this JSON file")
+    doc.set_defaults(func=_doctor)
+
+
 def _run_fleet(args: argparse.Namespace) -> int:
     from kvrepro.engines.live import fleet_deploy as live_fleet
     from kvrepro.fleet_spec import load_fleet
@@ -428,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(sub)
     _add_sweep_parser(sub)
     _add_calibrate_parser(sub)
+    _add_doctor_parser(sub)
     return parser
 
 
