@@ -31,8 +31,8 @@ def _flag(cmd: list[str], name: str) -> str | None:
     return cmd[cmd.index(name) + 1] if name in cmd else None
 
 
-def test_the_three_shipped_servers_are_there() -> None:
-    assert {p.stem for p in SPECS} == {"study_a", "study_b", "cpu_tiny"}
+def test_the_shipped_servers_are_there() -> None:
+    assert {p.stem for p in SPECS} == {"study_a", "study_b", "cpu_tiny", "gpu_tiny"}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.stem)
@@ -74,7 +74,7 @@ def _check_in_process(cfg: dict, sim_tier, dram: list, flash: list) -> None:
         assert sim_bytes[dram[0].name] == pytest.approx(cfg["max_local_cpu_size"] * GIB)
     if flash:
         assert sim_bytes[flash[0].name] == pytest.approx(cfg["max_local_disk_size"] * GIB)
-        assert cfg["local_disk"] == f"file://{flash[0].path.rstrip('/')}/"
+        assert cfg["local_disk"] == f"file://{(flash[0].path or RUN_DISK_DIR).rstrip('/')}/"
     assert cfg["enable_async_loading"] is sim_tier.load_async
     assert cfg["save_decode_cache"] is sim_tier.lmcache.save_decode_cache
 

@@ -99,8 +99,8 @@ def gpu_checks(spec: ServerSpec, tiers: list[str], gpus: list[Gpu], none_why: st
     used = sorted(gpus, key=lambda g: g.index)[:tp]
     smallest = min((g.memory_total_bytes for g in used), default=0.0)
     memory = Check("GPU memory", "", len(used) == tp and need <= smallest * util,
-                   f"each of {tp} GPUs needs {need / GB:.1f} GB (weights {weights / GB:.1f} GB "
-                   f"+ KV {kv / GB:.1f} GB, / TP {tp}); "
+                   f"each of {tp} GPUs needs {need / GB:.3g} GB (weights {weights / GB:.3g} GB "
+                   f"+ KV {kv / GB:.3g} GB, / TP {tp}); "
                    + (f"smallest has {smallest / GB:.1f} GB x {util:g} = "
                       f"{smallest * util / GB:.1f} GB" if used else "no GPU to hold it"))
     return [count, memory]
@@ -320,6 +320,8 @@ def model_check(model: str) -> Check:
         ok = config.is_file() and os.access(config, os.R_OK)
         return Check("model", "", ok, f"{path}: " + ("config.json readable" if ok else
                                                      "no readable config.json"))
+    if model.startswith(("/", ".", "~")):
+        return Check("model", "", False, f"{path}: no such folder")
     cached = _hub_cache(model)
     return Check("model", "", cached is not None, f"{model}: " + (
         f"in the Hugging Face cache ({cached})" if cached else "not a local folder and not in "
