@@ -83,7 +83,7 @@ reproduce: install fio
 
 test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
-	$(BIN)/pytest -m live
+	$(BIN)/pytest -m live --durations=10
 	$(BIN)/pytest -m "not live" -n $(TEST_JOBS) --dist loadfile
 	$(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
 

@@ -128,6 +128,19 @@ def test_made_folder_removes_only_the_levels_it_made(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["keep.txt"]
 
 
+def test_a_flash_folder_holding_files_fails_unless_allowed(tmp_path) -> None:
+    folder = tmp_path / "flash"
+    folder.mkdir()
+    (folder / "old-chunk.bin").write_bytes(b"x")
+    spec = override_server(load_server(CPU_TINY), {"tiers.flash.stores.1.path": str(folder)})
+    (path,) = [c for c in doctor(spec, ["flash"], tmp_path) if c.check == "flash path"]
+    assert not path.ok and "holds 1 file(s)" in path.why
+    allowed = override_server(spec, {"tiers.flash.stores.1.allow_existing_files": True})
+    assert [c.ok for c in doctor(allowed, ["flash"], tmp_path) if c.check == "flash path"] == [
+        True]
+    assert sorted(p.name for p in folder.iterdir()) == ["old-chunk.bin"]
+
+
 def test_unknown_tier_is_named(capsys) -> None:
     assert main(["doctor", "--server", str(CPU_TINY), "--tier", "nope"]) == 2
     assert "'nope'" in capsys.readouterr().err

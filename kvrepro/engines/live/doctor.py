@@ -24,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from kvrepro.engines.live.ownership import LOCK_NAME
 from kvrepro.engines.live.pins import installed_version, pinned_packages
 from kvrepro.engines.live.processes import port_in_use
 from kvrepro.tier_spec import TINY_MODEL, ServerSpec, StoreSpec, parse_cpu_list
@@ -178,6 +179,11 @@ def filesystem_of(path: Path) -> tuple[str, str, str]:
     return best
 
 
+def _files_in(folder: Path) -> int:
+    """Files below `folder` a run would refuse to share it with (`DiskFolder.prepare`)."""
+    return sum(name != LOCK_NAME for _root, _dirs, names in os.walk(folder) for name in names)
+
+
 def _new_file(folder: Path) -> Path:
     """A new empty file in `folder`, made by this call (O_EXCL): provably ours to remove."""
     probe = folder / f".kvrepro-doctor-{os.getpid()}-{os.urandom(4).hex()}"
@@ -253,7 +259,10 @@ def flash_checks(subject: str, store: StoreSpec, folder: Path, chunk_bytes: int)
     try:
         with made_folder(folder):
             _new_file(folder).unlink()  # writable: a file of ours can be made there
-            path = Check("flash path", subject, True, f"{folder} {existed}, writable")
+            held = 0 if store.allow_existing_files or not store.path else _files_in(folder)
+            path = Check("flash path", subject, held == 0, f"{folder} {existed}, writable" + (
+                f"; holds {held} file(s): a run refuses them (empty it, choose another path, "
+                "or set allow_existing_files: true)" if held else ""))
             try:
                 odirect = Check("flash O_DIRECT", subject, True, odirect_round_trip(
                     folder, chunk_bytes) + f" (io_mode {store.io_mode})")
