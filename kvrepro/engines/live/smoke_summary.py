@@ -29,7 +29,9 @@ def doctor_lines(path: Path) -> list[str]:
 
 def campaign_table(campaign: Path) -> pd.DataFrame:
     """Per tier: requests ok / failed, cached share of prompt tokens, median TTFT."""
-    folders = sorted(p for p in campaign.iterdir() if (p / "records.jsonl").is_file())
+    folders = sorted((p for p in campaign.iterdir() if (p / "meta.json").is_file()),
+                     key=lambda p: json.loads((p / "meta.json").read_text()).get(
+                         "started_utc", ""))  # in the order the tiers ran
     records, _ = read_runs(folders)
     split = analysis.prompt_split(records).set_index("tier")
     rows = []
