@@ -280,3 +280,13 @@ def test_bad_azure_rows_name_file_and_line(tmp_path: Path) -> None:
     (tmp_path / "cols.csv").write_text("time,ctx,gen\n1,2,3\n")
     with pytest.raises(ValueError, match=r"cols\.csv:1: missing column"):
         read_azure_trace(tmp_path / "cols.csv")
+
+
+def test_a_stamp_with_a_utc_offset_among_naive_ones_is_read(tmp_path: Path) -> None:
+    # found by tests/test_fuzz_readers.py: pandas raised "Mixed timezones detected" (no file,
+    # no line) for the whole file; the offset stamp is one instant, naive stamps count as UTC
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.5-01,300,40\n2023-11-16 19:15:47.5,317,41\n")
+    read = read_azure_trace(path)
+    assert read.frame.arrival_s.tolist() == pytest.approx([0.0, 1.0])

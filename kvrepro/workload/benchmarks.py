@@ -309,7 +309,9 @@ def _keep_bad_row(fields: list[str]) -> list[str]:
 def _azure_problems(raw: pd.DataFrame) -> pd.Series:
     """Per row: why it is unusable ("" when fine), checking each column in order."""
     reason = pd.Series("", index=raw.index, dtype=object)
-    stamp = pd.to_datetime(raw["TIMESTAMP"], format="ISO8601", errors="coerce")
+    # utc=True: a stamp with a UTC offset among naive ones (the trace's own) is one instant,
+    # not pandas' "Mixed timezones detected" error for the whole file
+    stamp = pd.to_datetime(raw["TIMESTAMP"], format="ISO8601", errors="coerce", utc=True)
     checks = [(raw["TIMESTAMP"].str.startswith(_BAD_ROW),
                "too many fields (expected 3: TIMESTAMP,ContextTokens,GeneratedTokens)"),
               (stamp.isna(), "TIMESTAMP is not a date-time")]
@@ -388,7 +390,7 @@ def read_azure_trace(path: str | Path, *, strict: bool = True) -> ReadResult:
     for index, reason in reasons[reasons != ""].items():
         problems.add(int(index) + 2, reason)
     good = raw[reasons == ""]
-    stamp = pd.to_datetime(good["TIMESTAMP"], format="ISO8601")
+    stamp = pd.to_datetime(good["TIMESTAMP"], format="ISO8601", utc=True)
     frame = pd.DataFrame({
         "arrival_s": (stamp - stamp.min()).dt.total_seconds().to_numpy(dtype="float64"),
         "context_tokens": good["ContextTokens"].astype(float).astype("int64").to_numpy(),
