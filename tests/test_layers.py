@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("specs", ("kvrepro.tier_spec", "kvrepro.fleet_spec", "kvrepro.model_spec",
                "kvrepro.records")),
     ("helpers", ("kvrepro._checks", "kvrepro._paths", "kvrepro._lines", "kvrepro._locks",
-                 "kvrepro._signals", "kvrepro")),
+                 "kvrepro._signals", "kvrepro._files", "kvrepro")),
 )
 
 
