@@ -63,6 +63,14 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
+def validation_problems(err: Any, prefix: str = "") -> str:
+    """A pydantic ValidationError as one line, "<prefix>a.b: message; ..." for each bad key.
+    Why: str(err) spans lines, repeats the input and ends in a documentation URL; a user
+    needs the key and what is wrong with it."""
+    return "; ".join(f"{prefix}{key_path(e['loc'])}: {' '.join(e['msg'].split())}"
+                     for e in err.errors())
+
+
 def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
     """`raw` (parsed YAML, or a dict built in code) as pydantic `model`; an error names
     `source` and each bad key's dotted path ("<source>: invalid <what>: key a.b: ...")."""
@@ -73,8 +81,7 @@ def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(f"key {key_path(e['loc'])}: {e['msg']}" for e in err.errors())
-        raise ValueError(f"{source}: invalid {what}: {problems}") from err
+        raise ValueError(f"{source}: invalid {what}: {validation_problems(err, 'key ')}") from err
 
 
 class NoAliasLoader(yaml.SafeLoader):
@@ -118,4 +125,9 @@ def load_yaml_model(path: Any, model: Any, what: str) -> Any:
     src = Path(path)
     if not src.is_file():
         raise FileNotFoundError(f"{what} not found: {src}")
-    return validate_model(load_yaml(src.read_text(), str(src)), model, what, str(src))
+    try:
+        text = src.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, reason = not_utf8(err)
+        raise ValueError(f"{src}: line {line}: {what} is {reason}") from err
+    return validate_model(load_yaml(text, str(src)), model, what, str(src))

@@ -8,6 +8,7 @@
   same folder, fsync, rename, fsync of the folder), each under a lock of its own, every
   content produced and checked before the first file is replaced. Why: a shipped spec cut short
   by a full disk can still load as a valid but wrong spec; two writers must not interleave.
+  `rewriting` holds the same locks over a whole read-modify-write.
 
 SIGTERM and SIGINT reach the `finally` blocks here only where the caller runs under
 `kvrepro._signals.stop_on_signals` (the CLI does, for the commands that make files).
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from kvrepro._locks import FolderLock
@@ -92,10 +93,41 @@ def replace_files(contents: Mapping[str | Path, bytes | str],
     per file. `check` (given the new contents) runs before anything is replaced: when it
     raises, every file stays as it was. Every temporary file is written and flushed before
     the first rename, so a full disk or a signal leaves the old files whole."""
-    new = {Path(p): (c.encode() if isinstance(c, str) else bytes(c)) for p, c in contents.items()}
+    new = _encoded(contents)
     if check is not None:
         check(new)
-    with _locked(list(new), wait_s), contextlib.ExitStack() as temps:
+    with _locked(list(new), wait_s):
+        _replace_locked(new)
+
+
+@contextlib.contextmanager
+def rewriting(paths: Iterable[str | Path], wait_s: float = 10.0
+              ) -> Iterator[Callable[..., None]]:
+    """Hold the locks `replace_files` takes on `paths` for a whole read-modify-write, and yield
+    `replace(contents, check=None)`: `replace_files` without taking them again. Read the files
+    inside the block. Why: a writer that reads before it locks writes back over what another
+    wrote in between (two calibrations sharing a server spec would drop one fit)."""
+    held = {Path(p) for p in paths}
+    with _locked(list(held), wait_s):
+        def replace(contents: Mapping[str | Path, bytes | str],
+                    check: Callable[[Mapping[Path, bytes]], None] | None = None) -> None:
+            new = _encoded(contents)
+            if not set(new) <= held:
+                raise ValueError(f"{sorted(map(str, set(new) - held))}: not locked by this "
+                                 "rewrite")
+            if check is not None:
+                check(new)
+            _replace_locked(new)
+        yield replace
+
+
+def _encoded(contents: Mapping[str | Path, bytes | str]) -> dict[Path, bytes]:
+    return {Path(p): (c.encode() if isinstance(c, str) else bytes(c)) for p, c in contents.items()}
+
+
+def _replace_locked(new: Mapping[Path, bytes]) -> None:
+    """Write every temporary file and flush it, then rename them all (the locks are held)."""
+    with contextlib.ExitStack() as temps:
         ready: list[tuple[Path, Path]] = []
         for path, data in new.items():
             tmp, fd = temps.enter_context(own_file(path.parent, f".{path.name}.tmp-",

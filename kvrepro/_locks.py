@@ -61,9 +61,13 @@ class FolderLock:
                 time.sleep(0.01)
                 continue
             if _same_file(fd, self.path):
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, holder.encode(), 0)
                 self.fd = fd
+                try:
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, holder.encode(), 0)
+                except OSError:  # a full disk: the lock file we made is not left behind
+                    self.release()
+                    raise
                 return None
             os.close(fd)
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import errno
+import math
 import os
 import secrets
+import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from kvrepro._paths import RefusedFolder
 from kvrepro.studies import reference
@@ -28,13 +31,10 @@ from kvrepro.studies import reference
 def _reproduce(args: argparse.Namespace) -> int:
     from kvrepro.reproduce import parse_overrides, reproduce
 
-    try:
+    try:  # a bad input raises on to `main`, which prints it as one line
         overrides = parse_overrides(args.param)
         result = reproduce(args.notebooks, args.figures, args.runs, args.only, overrides,
                            jobs=args.jobs)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"kvrepro reproduce: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt as err:
         print(f"kvrepro reproduce: stopped ({err or 'interrupted'}); the notebooks that "
               f"finished are in {args.runs}/<newest>/, their times in timings.csv",
@@ -80,31 +80,76 @@ def _check_tiers(names: list[str], known: Any, source: str) -> None:
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    """The workload of a `run` command: a saved folder, or generated from -w parameters."""
+    """The workload of a `run` command: a saved folder, or generated from -w parameters (a
+    bad one is a line per key, `-w duration_s: Input should be a valid number ...`)."""
+    from pydantic import ValidationError
+
+    from kvrepro._checks import validation_problems
     from kvrepro.reproduce import parse_overrides
     from kvrepro.workload import build_workload, load_workload
 
     if args.workload_dir:
         return load_workload(args.workload_dir)
-    return build_workload(args.workload, parse_overrides(args.workload_param))
+    try:
+        return build_workload(args.workload, parse_overrides(args.workload_param))
+    except ValidationError as err:
+        raise ValueError(validation_problems(err, "-w ")) from err
 
 
 _NEW_FOLDER_TRIES = 20
 
 
 def _out_dir(given: str | None, engine: str) -> Path:
-    """`--out` as given, or a new folder `runs/<engine>-<UTC time>-<pid>-<random>`, created
-    here (exist_ok=False, retried) so that two runs started in the same second never share
-    one: the second used to crash into the first's run folder."""
-    if given:
-        return Path(given)
+    """`--out` as given, or a new folder `runs/<engine>-<UTC time>-<pid>-<random>`; made and
+    proven writable here, before any work. Why: `--out` on a file, on a read-only filesystem
+    or in /proc (or `runs` a file) failed with a traceback, a simulation's only after it ran."""
+    folder = _made_folder(Path(given), "--out") if given else _new_run_folder(engine)
+    _prove_writable(folder, "--out" if given else "run folder")
+    return folder
+
+
+def _os_error(err: OSError, what: str, path: Path | None = None) -> OSError:
+    """`err` again (same errno, so the same subclass), saying which folder it is about."""
+    return OSError(err.errno, f"{err.strerror} ({what})", str(path or err.filename))
+
+
+def _made_folder(path: Path, what: str) -> Path:
+    """`path` as a folder, made with its parents if missing; OSError naming it otherwise."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's answer for a file of that name
+        raise NotADirectoryError(errno.ENOTDIR, f"not a folder ({what})", str(path)) from None
+    except OSError as err:
+        raise _os_error(err, f"cannot make the folder, {what}") from None
+    return path
+
+
+def _prove_writable(folder: Path, what: str) -> None:
+    """Make and remove a file of ours in `folder` (`kvrepro._files.own_file`): a read-only
+    filesystem, or one that takes no files, is refused now, naming `folder`."""
+    from kvrepro._files import own_file
+
+    try:
+        with own_file(folder, ".kvrepro-write-test-", os.O_WRONLY):
+            pass
+    except OSError as err:
+        raise _os_error(err, f"cannot write files there, {what}", folder) from None
+
+
+def _new_run_folder(engine: str) -> Path:
+    """A new folder `runs/<engine>-<UTC time>-<pid>-<random>`, created here (exist_ok=False,
+    retried) so that two runs started in the same second never share one: the second used to
+    crash into the first's run folder."""
+    _made_folder(Path("runs"), "where run folders go without --out")
     for _ in range(_NEW_FOLDER_TRIES):
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
         folder = Path("runs") / f"{engine}-{stamp}-{os.getpid()}-{secrets.token_hex(2)}"
         try:
-            folder.mkdir(parents=True, exist_ok=False)
+            folder.mkdir(exist_ok=False)
         except FileExistsError:
             continue
+        except OSError as err:
+            raise _os_error(err, "cannot make a run folder; pass --out") from None
         return folder
     raise RefusedFolder(f"runs/: no new {engine}-<time> folder after {_NEW_FOLDER_TRIES} "
                         "tries; pass --out")
@@ -122,14 +167,10 @@ def _run_live(args: argparse.Namespace) -> int:
     from kvrepro.engines.live.runner import LiveOptions, run_campaign
     from kvrepro.engines.live.tiers import live_tiers
 
-    try:
-        tiers = live_tiers(_server(args))
-        names = args.tier or list(tiers)
-        _check_tiers(names, tiers, args.server)
-        workload = None if args.dry_run else _workload(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"kvrepro run live: {err}", file=sys.stderr)
-        return 2
+    tiers = live_tiers(_server(args))  # a bad input raises; `main` prints it as one line
+    names = args.tier or list(tiers)
+    _check_tiers(names, tiers, args.server)
+    workload = None if args.dry_run else _workload(args)
     if args.dry_run:
         from kvrepro.engines.live.runner import dry_run_campaign
 
@@ -155,18 +196,35 @@ def _run_live(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    """Under `stop_on_signals`: SIGTERM / SIGINT (e.g. `timeout`) remove the probe file and the
+    folders the checks made before the doctor exits (128 + the signal)."""
     import json
 
-    from kvrepro.engines.live.doctor import as_records, doctor, format_checks
+    from kvrepro._files import replace_file
+    from kvrepro._signals import stop_on_signals
+    from kvrepro.engines.live.doctor import as_records, doctor, format_checks, json_target_problem
 
-    try:
-        checks = doctor(_server(args), args.tier, args.runs_dir)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"kvrepro doctor: {err}", file=sys.stderr)
+    problem = args.json and json_target_problem(args.json)
+    if problem:
+        print(f"kvrepro doctor: {problem}", file=sys.stderr)
         return 2
+    with stop_on_signals() as seen:
+        try:
+            checks = doctor(_server(args), args.tier, args.runs_dir)
+        except (ValueError, FileNotFoundError) as err:
+            print(f"kvrepro doctor: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:
+            print(f"kvrepro doctor: stopped ({err or 'interrupted'}); its probe file and the "
+                  "folders it made are removed", file=sys.stderr)
+            return 128 + (seen[-1] if seen else 2)
     print(format_checks(checks))
     if args.json:
-        Path(args.json).write_text(json.dumps(as_records(checks), indent=2) + "\n")
+        try:
+            replace_file(args.json, json.dumps(as_records(checks), indent=2) + "\n")
+        except OSError as err:
+            print(f"kvrepro doctor: --json {args.json}: {err.strerror or err}", file=sys.stderr)
+            return 2
     return 0 if all(c.ok for c in checks) else 1
 
 
@@ -190,14 +248,10 @@ def _run_fleet(args: argparse.Namespace) -> int:
     from kvrepro.fleet_spec import load_fleet
     from kvrepro.reproduce import parse_overrides
 
-    try:
-        spec = live_fleet.override_fleet(load_fleet(args.fleet), parse_overrides(args.param),
-                                         args.fleet)
-        fleets = live_fleet.fleet_grid(spec, args.routing, args.kv_pool)
-        workload = None if args.dry_run else _workload(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"kvrepro run fleet: {err}", file=sys.stderr)
-        return 2
+    spec = live_fleet.override_fleet(load_fleet(args.fleet), parse_overrides(args.param),
+                                     args.fleet)  # a bad input raises; `main` prints it
+    fleets = live_fleet.fleet_grid(spec, args.routing, args.kv_pool)
+    workload = None if args.dry_run else _workload(args)
     options = live_fleet.FleetOptions(
         duration_s=args.duration_s, warmup_s=args.warmup_s,
         request_timeout_s=args.request_timeout_s, sample_interval_s=args.sample_interval_s,
@@ -237,8 +291,8 @@ def _add_fleet_parser(engines: argparse._SubParsersAction) -> None:
                        help="let every instance use every core (default: instance i on "
                             "CPU i mod cores)")
     _add_workload_args(fleet)
-    fleet.add_argument("--request-timeout-s", type=float, default=600.0)
-    fleet.add_argument("--sample-interval-s", type=float, default=2.0)
+    fleet.add_argument("--request-timeout-s", type=_positive_s, default=600.0)
+    fleet.add_argument("--sample-interval-s", type=_positive_s, default=2.0)
     fleet.add_argument("--out", help="campaign folder (default: new runs/fleet-<UTC time>-<id>)")
     fleet.add_argument("--dry-run", action="store_true",
                        help="write and print every command line, environment and config file "
@@ -262,13 +316,9 @@ def _run_sim(args: argparse.Namespace) -> int:
     from kvrepro.engines.sim import sim_profile
     from kvrepro.engines.sim.campaign import simulate_campaign
 
-    try:
-        profile = _with_flash_profile(sim_profile(_server(args)), args)
-        _check_tiers(args.tier or [], profile.tiers, args.server)
-        workload = _workload(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"kvrepro run sim: {err}", file=sys.stderr)
-        return 2
+    profile = _with_flash_profile(sim_profile(_server(args)), args)  # `main` prints errors
+    _check_tiers(args.tier or [], profile.tiers, args.server)
+    workload = _workload(args)
     out = _out_dir(args.out, "sim")
     records, _ = simulate_campaign(workload, profile, args.tier, out, warmup_s=args.warmup_s,
                                    duration_s=args.duration_s, max_in_flight=args.max_in_flight)
@@ -309,7 +359,8 @@ def _add_sweep_parser(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("grid", help="grid file, e.g. data/sweeps/whatif_48.yaml, or a "
                        "shipped grid's name (whatif_48)")
     sweep.add_argument("--out", required=True, help="sweep folder: points/, sweep.parquet; "
-                       "an existing one is resumed (only missing points run)")
+                       "an existing one is resumed (only missing points run); any other "
+                       "folder that is not empty is refused")
     sweep.add_argument("--address", help="a Ray cluster (ray.init(address=...)); default: "
                        "a local Ray")
     sweep.add_argument("--max-parallel", type=_positive_int, metavar="N",
@@ -383,13 +434,37 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str, allow_zero: bool) -> float:
+    """A time flag's value: a finite number of seconds, > 0 (or >= 0 with `allow_zero`).
+    Why: `--duration-s -5` ran nothing and exited 0; `--warmup-s -3` was taken as is."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds {'>=' if allow_zero else '>'} 0, got {text!r}")
+    return value
+
+
+def _positive_s(text: str) -> float:
+    """argparse type: seconds > 0 (`_seconds`)."""
+    return _seconds(text, allow_zero=False)
+
+
+def _non_negative_s(text: str) -> float:
+    """argparse type: seconds >= 0 (`_seconds`)."""
+    return _seconds(text, allow_zero=True)
+
+
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", default="agentic", help="agentic, micro or macro")
     parser.add_argument("--workload-dir", help="a saved workload folder instead of generating")
     parser.add_argument("-w", "--workload-param", action="append", default=[],
                         metavar="KEY=VALUE", help="workload spec parameter (repeatable)")
-    parser.add_argument("--duration-s", type=float, help="stop sending new turns after this")
-    parser.add_argument("--warmup-s", type=float, default=0.0)
+    parser.add_argument("--duration-s", type=_positive_s,
+                        help="stop sending new turns after this")
+    parser.add_argument("--warmup-s", type=_non_negative_s, default=0.0)
     parser.add_argument("--max-in-flight", type=_positive_int, default=None, metavar="N",
                         help="load client's concurrency limit (default: none; each session "
                              "has one request in flight at most)")
@@ -410,8 +485,8 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
     live.add_argument("-p", "--param", action="append", default=[], metavar="KEY=VALUE",
                       help=OVERRIDE_HELP)
     _add_workload_args(live)
-    live.add_argument("--request-timeout-s", type=float, default=600.0)
-    live.add_argument("--sample-interval-s", type=float, default=2.0)
+    live.add_argument("--request-timeout-s", type=_positive_s, default=600.0)
+    live.add_argument("--sample-interval-s", type=_positive_s, default=2.0)
     live.add_argument("--out", help="campaign folder (default: new runs/live-<UTC time>-<id>)")
     live.add_argument("--dry-run", action="store_true",
                       help="write and print every command line, environment and config file "
@@ -438,8 +513,8 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so tests and docs can inspect it)."""
-    parser = argparse.ArgumentParser(prog="kvrepro", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="kvrepro", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("reproduce", help="run every notebook, write figures and numbers")
     rep.add_argument("--only", action="append", metavar="NAME",
@@ -463,14 +538,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (`kvrepro run sim: error: argument --duration-s:
+    ...`) like every other bad input; argparse's own prints the whole usage before it. The
+    subcommands' parsers are of this class too (`add_subparsers` takes the parent's)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print `message` as one line and exit 2, as argparse does after its usage."""
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} "
+                     f"(see {self.prog} --help)\n")
+
+
+def _one_line(err: BaseException) -> str:
+    """An expected error as one line naming its input: a pydantic error as `key: message`
+    (no URL, no input dump), an OSError as `path: reason`."""
+    from pydantic import ValidationError
+
+    from kvrepro._checks import validation_problems
+
+    if isinstance(err, ValidationError):
+        text = f"invalid {err.title}: {validation_problems(err)}"
+    elif isinstance(err, socket.gaierror):
+        text = f"a host name does not resolve ({err.strerror}); check the spec's hosts"
+    elif isinstance(err, OSError) and err.filename is not None and err.strerror:
+        both = f"{err.filename} -> {err.filename2}" if err.filename2 else err.filename
+        text = f"{both}: {err.strerror}"
+    elif isinstance(err, OverflowError):
+        text = f"{err} (a number of the input is too large or not finite)"
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `kvrepro` console script."""
+    """Entry point of the `kvrepro` console script. Every expected error (a bad spec, value
+    or flag; a folder or file that cannot be written, RefusedFolder among them; a host that
+    does not resolve) is one line on stderr naming the input, exit 2 (`_one_line`). Other
+    exceptions are bugs of ours and keep their traceback."""
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except FileExistsError as err:  # RefusedFolder included: a folder a run will not write
+    except (OSError, ValueError, OverflowError) as err:  # UnicodeDecodeError, pydantic's too
         command = " ".join(filter(None, (args.command, getattr(args, "engine", None))))
-        print(f"kvrepro {command}: {err}", file=sys.stderr)
+        print(f"kvrepro {command}: {_one_line(err)}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,9 @@ interrupted session and a rerun runs only the points that are missing:
     out_dir/.sweep.lock             held (flock) by the one sweep that writes the folder
 
 `read_sweep(out_dir)` reads the table from the points folder at any time, also mid-sweep.
+An existing `out_dir` is written only when it is empty or holds `sweep.json`; any other is
+refused (`RefusedFolder`) before anything is written or deleted there, and a resumed sweep
+deletes only its own dead writers' temporary files (`TEMP_NAMES`).
 A second sweep on a folder another sweep is writing is refused (`RefusedFolder`); a point
 file that cannot be read back (cut short by a crash) is named, skipped by `read_sweep` and
 run again on resume. A local Ray listens on 127.0.0.1 only, with token authentication.
@@ -29,6 +32,7 @@ studies, above this module, and are never imported from here.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import itertools
@@ -64,8 +68,13 @@ RAY_MIN_VERSION = "2.59"
 """The first Ray whose local `ray.init` turns token authentication (`RAY_AUTH_MODE=token`,
 Ray >= 2.52) on by itself: a sweep's local cluster is never open to other local users."""
 LOCK_NAME = ".sweep.lock"
-TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)\.tmp$")
-"""`_write_atomic`'s temporary names: `.<file name>.<writer's pid>.tmp`."""
+MANIFEST_NAME = "sweep.json"
+"""The marker of a sweep folder: an existing folder without it is written only when empty."""
+TEMP_NAMES = {
+    "": re.compile(r"^\.(?:sweep\.json|sweep\.parquet)\.(?P<pid>\d+)\.tmp$"),
+    "points": re.compile(r"^\.[0-9a-f]{16}\.parquet\.(?P<pid>\d+)\.tmp$")}
+"""`_write_atomic`'s temporary names (`.<file name>.<writer's pid>.tmp`) of the only files a
+sweep writes: in the folder (its manifest and table) and in points/ (a point's file)."""
 
 
 # ---------------------------------------------------------------- points and grids
@@ -205,33 +214,70 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _remove_dead_writers_temp(folder: Path) -> None:
-    """Remove the temporary files of writers that died mid-write (the pid in the name is
-    gone, or it is this process, which holds the folder's lock and is not writing yet); a
-    live process' file is left as it is: it is not this sweep's to delete."""
+def _remove_dead_writers_temp(out: Path, sub: str) -> None:
+    """Remove, in sweep folder `out` (or its `sub` folder), the temporary files of sweep
+    writers that died mid-write: only the names a sweep gives them there (`TEMP_NAMES`),
+    only regular files, and only when the pid in the name is gone or is this process (which
+    holds the folder's lock and is not writing yet). Anything else is not this sweep's to
+    delete: a user's `.thesis.tex.4000000.tmp` is left as it is."""
+    folder = out / sub if sub else out
     for path in folder.glob(".*.tmp"):
-        match = TEMP_NAME.match(path.name)
-        pid = int(match["pid"]) if match else None
-        if pid is None or (pid != os.getpid() and _alive(pid)):
-            log.warning("%s: left as it is (%s)", path, "not a sweep's temporary name"
-                        if pid is None else f"its writer, pid {pid}, is alive")
+        match = TEMP_NAMES[sub].match(path.name)
+        if match is None or path.is_symlink() or not path.is_file():
+            log.warning("%s: left as it is (not a sweep's temporary file)", path)
+            continue
+        pid = int(match["pid"])
+        if pid != os.getpid() and _alive(pid):
+            log.warning("%s: left as it is (its writer, pid %d, is alive)", path, pid)
             continue
         path.unlink(missing_ok=True)
+
+
+def _sweep_folder(out: Path) -> None:
+    """Refuse (`RefusedFolder`, before anything is written there) an existing `out` that is
+    neither empty (a lock file a killed sweep left aside) nor a sweep folder (`sweep.json`, a
+    regular file). Why: a sweep deletes temporary files in its folder and writes its own
+    names there; in a user's folder that would touch what is not the sweep's."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir():
+        raise RefusedFolder(f"{out}: not a folder; a sweep writes into a new or empty folder, "
+                            "or resumes a sweep folder")
+    marker = out / MANIFEST_NAME
+    if marker.is_file() and not marker.is_symlink():
+        return
+    others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise RefusedFolder(f"{out}: not a sweep folder (no {MANIFEST_NAME}) and not empty "
+                            f"({len(others)} entries: {shown}); a sweep writes into a new or "
+                            "empty folder, or resumes a sweep folder")
 
 
 @contextmanager
 def _sweep_lock(out: Path) -> Iterator[None]:
     """Hold `out/.sweep.lock` (`kvrepro._locks`, the holder's pid written in it) while a
     sweep writes `out`: two sweeps on one folder would mix their grids' points under one
-    manifest. Raises `RefusedFolder` naming the folder and the holder."""
+    manifest. Raises `RefusedFolder` naming the folder and the holder, or a lock that is a
+    symbolic link (never followed); an existing folder that is not a sweep's is refused
+    before the lock is made (`_sweep_folder`)."""
+    _sweep_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     lock = FolderLock(out / LOCK_NAME)
-    other = lock.acquire(f"{os.getpid()}\n")
+    try:
+        other = lock.acquire(f"{os.getpid()}\n")
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise RefusedFolder(f"{lock.path}: a symbolic link where the sweep's lock file "
+                                "belongs (not followed); remove it or use another folder"
+                                ) from None
+        raise
     if other is not None:
         raise RefusedFolder(f"{out}: another sweep (pid {other}) is writing this folder "
                             f"(it holds {lock.path}); wait for it to finish or use another "
                             "folder")
     try:
+        _sweep_folder(out)  # again, with the lock: what was put there meanwhile counts
         yield
     finally:
         lock.release()
@@ -240,7 +286,7 @@ def _sweep_lock(out: Path) -> Iterator[None]:
 def _read_manifest(out: Path) -> dict[str, Any]:
     """`sweep.json`, checked to be a manifest; a broken one is an error naming it (and its
     line), not a bare JSONDecodeError."""
-    manifest = out / "sweep.json"
+    manifest = out / MANIFEST_NAME
     try:
         had = json.loads(manifest.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -256,7 +302,7 @@ def _read_manifest(out: Path) -> dict[str, Any]:
 
 def _remembered(out_dir: Path, fn: PointFn, points: list[Point]) -> None:
     """Record the grid and point function in `sweep.json`, or check them against it."""
-    manifest = out_dir / "sweep.json"
+    manifest = out_dir / MANIFEST_NAME
     wanted = {"format": SWEEP_FORMAT, **_identity(fn),
               "points": {point_id(p): p for p in points}}
     if not manifest.is_file():
@@ -344,8 +390,8 @@ def read_sweep(out_dir: str | Path, *, strict: bool = False) -> pd.DataFrame:
     point file that cannot be read back is named in a warning and left out (a resumed sweep
     runs it again), or, with `strict`, a ValueError naming it."""
     out = Path(out_dir)
-    if not (out / "sweep.json").is_file():
-        raise FileNotFoundError(f"{out}: not a sweep folder (no sweep.json)")
+    if not (out / MANIFEST_NAME).is_file():
+        raise FileNotFoundError(f"{out}: not a sweep folder (no {MANIFEST_NAME})")
     points = _read_manifest(out)["points"]
     frames = _read_points(out, list(points), strict, unreadable_note="left out of the table")
     rows = [row for frame in frames.values() for row in frame.to_dict("records")]
@@ -494,8 +540,8 @@ def _prepare(points: list[Point], out: Path, point_fn: PointFn,
     temporary files of dead writers, and return the points still to run."""
     _remembered(out, point_fn, points)
     _points_dir(out).mkdir(parents=True, exist_ok=True)
-    for folder in (out, _points_dir(out)):
-        _remove_dead_writers_temp(folder)
+    for sub in TEMP_NAMES:
+        _remove_dead_writers_temp(out, sub)
     done = _done_ids(out, points, retry_failed)
     todo = [p for p in points if point_id(p) not in done]
     if len(todo) < len(points):

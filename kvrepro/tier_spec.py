@@ -29,6 +29,7 @@ Each capacity is typed once. What-if questions change it in one place with
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
@@ -109,7 +110,11 @@ a spec with another fails at load, naming the key."""
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Every spec model: no unknown keys, and no inf or NaN in a number. Why finite: each
+    number of a server is a size, a time, a rate or a count, and `dram_gb=inf` went through
+    to an OverflowError in the twin and `Infinity` in a live dry run's LMCache settings."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class EngineSpec(_Strict):
@@ -476,17 +481,48 @@ def shipped_server(name: str) -> ServerSpec:
     return load_server(data_file("servers", f"{safe_name(name, 'shipped server')}.yaml"))
 
 
+def _slot(node: Any, keys: list[str], depth: int) -> str | int:
+    """Where `keys[depth]` goes in `node` (the value at `keys[:depth]`): a key of a mapping,
+    or an index 0..len-1 of a list; else ValueError naming the path. Why so strict: a value
+    that is neither (`live.model.x`) has no keys, and `-1` would silently set the last item."""
+    key, parent = keys[depth], ".".join(keys[:depth]) or "(top level)"
+    if isinstance(node, dict) and key:
+        return key
+    if isinstance(node, list):
+        if key.isascii() and key.isdigit() and int(key) < len(node):
+            return int(key)
+        raise ValueError(f"{parent} is a list of {len(node)}: {key!r} is not an index 0.."
+                         f"{len(node) - 1}")
+    if isinstance(node, dict):
+        raise ValueError(f"an empty key after {parent}")
+    raise ValueError(f"{parent} is {node!r}, not a mapping or a list: it has no key {key!r}")
+
+
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """Set `tree`'s value at a dotted path (`twin.mfu`, `tiers.dram.stores.0.eviction`; a
-    number indexes a list), making missing mappings on the way."""
+    number indexes a list), making missing mappings on the way. A path through a value that
+    is not a mapping or a list, or a list index out of 0..len-1, is a ValueError (`_slot`)."""
     node: Any = tree
     keys = dotted.split(".")
-    for key in keys[:-1]:
-        node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
-    if isinstance(node, list):
-        node[int(keys[-1])] = value
-    else:
-        node[keys[-1]] = value
+    for depth in range(len(keys) - 1):
+        slot = _slot(node, keys, depth)
+        if isinstance(node, dict) and slot not in node:
+            node[slot] = {}
+        node = node[slot]
+    node[_slot(node, keys, len(keys) - 1)] = value
+
+
+def _capacity_bytes(alias: str, value: Any) -> float:
+    """An alias's GB value (`dram_gb=64`, or "1e3" as YAML 1.1 reads it) in bytes; one that
+    is not a finite number >= 0 is a ValueError naming the alias."""
+    try:
+        gb = float(value)
+    except (TypeError, ValueError):
+        gb = math.nan
+    if not math.isfinite(gb) or gb < 0:
+        raise ValueError(f"server override {alias!r}: must be a finite number of GB >= 0, "
+                         f"got {value!r}")
+    return gb * 1e9
 
 
 def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
@@ -505,10 +541,10 @@ def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
                 raise ValueError(f"server override {key!r}: no store named "
                                  f"{CAPACITY_ALIASES[key]!r} in this server")
             for store in stores:
-                store["capacity_bytes"] = float(value) * 1e9
+                store["capacity_bytes"] = _capacity_bytes(key, value)
             continue
         try:
             set_dotted(tree, key, value)
-        except (KeyError, IndexError, ValueError, TypeError) as err:
+        except ValueError as err:
             raise ValueError(f"server override {key!r}: no such key ({err})") from err
     return _validate(tree, f"server {spec.description[:40]!r} with overrides {overrides}")

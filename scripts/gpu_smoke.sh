@@ -10,10 +10,19 @@
 #
 # Usage:   scripts/gpu_smoke.sh            (from the repository root; about 10 minutes)
 #          scripts/gpu_smoke.sh --dry-run  (steps 1, 2, 4 and 5 only: starts no server)
+#          --with-host-details             (either way: also uname -a, the full nvidia-smi
+#                                           with its process table, and the paths as they are)
 # Settings (environment): VENV (.venv), SMOKE_SPEC, STUDY_SPEC, TIERS ("baseline dram
-# flash"), DURATION_S (300), WARMUP_S (30), OUT (runs/gpu-smoke-<UTC time>).
+# flash"), DURATION_S (300), WARMUP_S (30), OUT (runs/gpu-smoke-<UTC time>; trailing slashes
+# dropped). OUT and OUT.tar.gz must not exist: neither is ever overwritten.
+# The tarball is meant for a public issue: by default it holds no host name (replaced by
+# <host> in every file, each run's meta.json included), no nvidia-smi process table (only each
+# GPU's name, memory and driver), and no home, repository or venv path (~, <repo>, <venv>);
+# live.env values are never written anywhere (kvrepro.engines.live.tiers.REDACTED). What the
+# runs record in OUT itself is left whole.
 # Exit status: 0 when every step passed; 1 when a doctor check or a tier failed (the tarball
-# is written either way); 2 when the script could not run at all.
+# is written either way); 2 when the script could not run at all or the tarball could not be
+# written.
 set -uo pipefail
 
 VENV=${VENV:-.venv}
@@ -26,11 +35,19 @@ DURATION_S=${DURATION_S:-300}
 WARMUP_S=${WARMUP_S:-30}
 OUT=${OUT:-runs/gpu-smoke-$(date -u +%Y%m%dT%H%M%SZ)-$$}
 DRY_RUN=0
-case "${1:-}" in
-  --dry-run) DRY_RUN=1 ;;
-  "") ;;
-  *) echo "usage: $0 [--dry-run]" >&2; exit 2 ;;
+HOST_DETAILS=0
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    --with-host-details) HOST_DETAILS=1 ;;
+    *) echo "usage: $0 [--dry-run] [--with-host-details]" >&2; exit 2 ;;
+  esac
+done
+while [ "$OUT" != / ] && [ "${OUT%/}" != "$OUT" ]; do OUT=${OUT%/}; done  # dir/ names dir.tar.gz
+case "$OUT" in
+  ""|/|.|..|*/.|*/..) echo "OUT=$OUT: name a new folder" >&2; exit 2 ;;
 esac
+TARBALL="$OUT.tar.gz"
 
 for file in "$KVREPRO" "$PYTHON"; do
   [ -x "$file" ] || { echo "$file not found: run 'make live-gpu' first (VENV=$VENV)" >&2; exit 2; }
@@ -38,8 +55,15 @@ done
 for spec in "$SMOKE_SPEC" "$STUDY_SPEC"; do
   [ -f "$spec" ] || { echo "$spec not found: run from the repository root" >&2; exit 2; }
 done
-if [ -e "$OUT" ]; then echo "$OUT exists: set OUT to a new folder" >&2; exit 2; fi
-mkdir -p "$OUT" || exit 2
+for path in "$TARBALL" "$OUT"; do
+  if [ -e "$path" ] || [ -L "$path" ]; then
+    echo "$path exists: set OUT to a new name (it is never overwritten)" >&2; exit 2
+  fi
+done
+# the folder itself without -p: if another process made it since the check, this one loses
+if ! made=$(mkdir -p -- "$(dirname -- "$OUT")" 2>&1 && mkdir -- "$OUT" 2>&1); then
+  echo "$OUT: not made as a new folder (${made##*: }): set OUT to a new name" >&2; exit 2
+fi
 
 status=0
 step() {  # step NAME COMMAND...: run it, keep its output in $OUT/NAME.txt, note its status
@@ -55,7 +79,13 @@ step() {  # step NAME COMMAND...: run it, keep its output in $OUT/NAME.txt, note
 tier_args=()
 for tier in $TIERS; do tier_args+=(--tier "$tier"); done
 
-{ date -u; uname -a; nvidia-smi 2>&1 || echo "nvidia-smi: not available"
+{ date -u
+  # by default the kernel and machine, not the host name; each GPU, not the process table
+  if [ $HOST_DETAILS -eq 1 ]; then uname -a; else uname -srvmo; fi
+  if ! command -v nvidia-smi > /dev/null; then echo "nvidia-smi: not available"
+  elif [ $HOST_DETAILS -eq 1 ]; then nvidia-smi
+  else nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv
+  fi
   "$PYTHON" -m pip freeze 2>/dev/null | grep -Ei '^(vllm|lmcache|torch|kvrepro)'; } \
   > "$OUT/machine.txt" 2>&1
 
@@ -82,8 +112,16 @@ fi
 step doctor-study "$KVREPRO" doctor --server "$STUDY_SPEC" --json "$OUT/doctor-study.json"
 
 "$PYTHON" -m kvrepro.engines.live.smoke_summary "$OUT" | tee "$OUT/summary.txt"
-tar -czf "$OUT.tar.gz" --exclude='lmcache-l2' -C "$(dirname "$OUT")" "$(basename "$OUT")"
+pack=(--pack "$TARBALL")
+[ $HOST_DETAILS -eq 1 ] && pack+=(--with-host-details)
+"$PYTHON" -m kvrepro.engines.live.smoke_summary "${pack[@]}" "$OUT" || exit 2
 echo
-echo "Send back $OUT.tar.gz (it holds no model weights and no KV files): attach it to an"
-echo "issue of this repository, or mail it to whoever asked for the smoke run."
+if [ $HOST_DETAILS -eq 1 ]; then
+  echo "Send back $TARBALL (no model weights, no KV files; WITH this machine's host name,"
+  echo "process table and paths): mail it to whoever asked for the smoke run."
+else
+  echo "Send back $TARBALL (no model weights, no KV files, no host name, process table or"
+  echo "home and venv paths): attach it to an issue of this repository, or mail it to whoever"
+  echo "asked for the smoke run."
+fi
 exit $status

@@ -91,10 +91,26 @@ def test_points_rank_by_targets_beyond_tolerance_then_by_loss():
     assert outside({"residual_a": float("nan")}, ["a", "b"], 0.1) == 2
 
 
+TOY_SERVER = """# the toy server
+model: MiniMax-M2.7-FP8-KV-BF16
+engine: {kv_cache_bytes: 8.0e+09}
+twin:
+  fp16_tflops: 100
+  mem_bw_tb_s: 1.0
+  step_overhead_s: 0.0  # a free number
+live: {model: toy/toy}
+tiers:
+  a:
+    stores:
+      - {name: s, kind: dram, capacity_bytes: 1.0e+09, read_bw_bytes_s: 1.0e+09,
+         write_bw_bytes_s: 1.0e+09}
+"""
+"""A valid server spec (the write-back checks the spec it writes) with two free places."""
+
+
 def _toy_plan(tmp_path: Path, **calibration) -> Path:
     server = tmp_path / "server.yaml"
-    server.write_text("# the toy server\ntwin:\n  x: 0.0  # a free number\n"
-                      "tiers:\n  a:\n    stores:\n      - {name: s, bw: 1.0e+09}\n")
+    server.write_text(TOY_SERVER)
     plan = tmp_path / "plan.yaml"
     body = {"server": "server.yaml",
             "point_function": "tests.test_calibrate:toy_point",
@@ -104,10 +120,11 @@ def _toy_plan(tmp_path: Path, **calibration) -> Path:
                                 {"name": "mode", "sets": ["campaign:mode"],
                                  "values": ["slow", "fast"], "stage": 1, "fits": ["T.bw"],
                                  "why": "a choice"},
-                                {"name": "x", "sets": ["server:twin.x"],
+                                {"name": "x", "sets": ["server:twin.step_overhead_s"],
                                  "values": [0.0, 1.0, 2.0, 3.0], "stage": 2,
                                  "fits": ["T.x"], "why": "a level"},
-                                {"name": "bw", "sets": ["server:tiers.a.stores.0.bw"],
+                                {"name": "bw",
+                                 "sets": ["server:tiers.a.stores.0.read_bw_bytes_s"],
                                  "values": [1e9, 2e9, 4e9], "stage": 2, "fits": ["T.bw"],
                                  "why": "a rate"}],
                             **calibration}}
@@ -121,7 +138,8 @@ def toy_point(point: dict) -> dict:
     slow one); logs each call in the plan's campaign log folder."""
     server, campaign = apply_point(point["plan"], point)
     Path(campaign["log_dir"], uuid.uuid4().hex).write_text("")
-    x, bw = server["twin"]["x"], server["tiers"]["a"]["stores"][0]["bw"]
+    x = server["twin"]["step_overhead_s"]
+    bw = server["tiers"]["a"]["stores"][0]["read_bw_bytes_s"]
     wanted = 2e9 if campaign["mode"] == "fast" else 4e9
     return {"residual_T.x": (x - 2.0) / 2.0, "residual_T.bw": (bw - wanted) / wanted * 0.1
             + (0.0 if campaign["mode"] == "fast" else 0.3)}
@@ -147,8 +165,8 @@ def test_calibrate_finds_the_minimum_stage_by_stage_and_writes_it_back(ray_sessi
     assert current_values(plan) == result.values
     server_text = (tmp_path / "server.yaml").read_text()
     assert server_text.startswith("# the toy server")
-    assert "x: 2.0  # fitted (kvrepro calibrate): T.x +0.0 %" in server_text
-    assert yaml.safe_load(server_text)["tiers"]["a"]["stores"][0]["bw"] == 2e9
+    assert "step_overhead_s: 2.0  # fitted (kvrepro calibrate): T.x +0.0 %" in server_text
+    assert yaml.safe_load(server_text)["tiers"]["a"]["stores"][0]["read_bw_bytes_s"] == 2e9
     written = load_plan(plan)
     assert written.campaign["mode"] == "fast"
     assert written.calibration.result["residual_pct"] == {"T.x": 0.0, "T.bw": 0.0}

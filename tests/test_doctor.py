@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from kvrepro.engines.live.doctor import (
     parse_nvidia_smi,
     version_checks,
 )
+from kvrepro.engines.live.ownership import LOCK_NAME, DiskFolder, FolderRefused
 from kvrepro.engines.live.pins import VLLM_VERSION
 from kvrepro.tier_spec import load_server, override_server
 from tests.live.conftest import require_vllm
@@ -204,3 +207,276 @@ def test_doctor_takes_the_tiers_it_is_given(tmp_path) -> None:
     checks = doctor(load_server(CPU_TINY), ["small-kv"], tmp_path)
     assert not any(c.check.startswith("flash") for c in checks)
     assert [c.subject for c in checks if c.check == "host DRAM"] == ["small-kv"]
+
+
+# --------------------------------------------------------------------------- issue 37
+# The probe is a file of ours used only through its descriptor, removed on SIGTERM, bounded;
+# the doctor judges a flash folder by the run's own rules (`DiskFolder.check`); a bad host or
+# --json target is one line. Each test failed on 6065f95.
+
+FLASH_PATH = "tiers.flash.stores.1.path"  # cpu_tiny's flash tier: staging, then flash
+PROBE_GLOB = ".kvrepro-doctor-*"
+
+
+def _flash_lines(spec, runs_dir: Path) -> dict[str, object]:
+    return {c.check: c for c in doctor(spec, ["flash"], runs_dir) if c.check.startswith("flash")}
+
+
+def _on_flash(path: str | Path):
+    return override_server(load_server(CPU_TINY), {FLASH_PATH: str(path)})
+
+
+def test_a_probe_swapped_for_a_symlink_never_writes_the_links_target(tmp_path,
+                                                                     monkeypatch) -> None:
+    """Between the probe's creation and its first write its name becomes a symlink to a
+    victim file (what another user of the folder could do): the write still goes to the
+    probe, through the descriptor that made it (6065f95 reopened it by name and wrote
+    262,144 random bytes over the victim)."""
+    folder, victim = tmp_path / "flash", tmp_path / "victim.bin"
+    folder.mkdir()
+    victim.write_bytes(b"a user's file " * 1000)
+    real_open = os.open
+
+    def swap_after_create(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_EXCL and Path(path).name.startswith(".kvrepro-doctor-"):
+            os.unlink(path)
+            os.symlink(victim, path)
+        return fd
+
+    monkeypatch.setattr(os, "open", swap_after_create)
+    lines = _flash_lines(_on_flash(folder), tmp_path / "runs")
+    monkeypatch.undo()
+    assert victim.read_bytes() == b"a user's file " * 1000
+    assert lines["flash O_DIRECT"].ok, lines["flash O_DIRECT"].why
+    assert all(p.is_symlink() for p in folder.iterdir())  # only the swapper's links are left
+
+
+SLOW_PROBE = r"""
+import os, sys, time
+from pathlib import Path
+real_fsync = os.fsync
+def fsync_then_wait(fd):  # the probe is written: say so, then wait for the test's SIGTERM
+    real_fsync(fd)
+    Path(sys.argv[1]).touch()
+    time.sleep(120)
+os.fsync = fsync_then_wait
+from kvrepro.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_doctor_stopped_by_sigterm_while_probing_leaves_nothing(tmp_path) -> None:
+    """A real SIGTERM (as `timeout` sends) while the probe file exists: the doctor removes
+    it and the folders it made, and exits 128 + 15 (6065f95 died at once and left the probe,
+    which then made every run refuse the folder)."""
+    ready, folder = tmp_path / "probe-written", tmp_path / "made" / "flash"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_PROBE, str(ready), "doctor", "--server", str(CPU_TINY),
+         "--tier", "flash", "-p", f"{FLASH_PATH}={folder}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), proc.communicate(timeout=10)
+        assert len(list(folder.glob(PROBE_GLOB))) == 1  # probing now
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "kvrepro doctor: stopped (signal SIGTERM)" in err and "Traceback" not in err
+    assert not (tmp_path / "made").exists()  # the probe and both folders it made are gone
+
+
+def _doctor_peak_rss_mib(tmp_path: Path, chunk_tokens: int) -> tuple[float, dict]:
+    """Peak RSS of a doctor process probing a flash folder with this chunk, and its O_DIRECT
+    line."""
+    rss = ("import resource, sys; from kvrepro.cli import main; rc = main(sys.argv[1:]); "
+           "print('maxrss_kib', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    folder, report = tmp_path / f"flash-{chunk_tokens}", tmp_path / f"doctor-{chunk_tokens}.json"
+    done = subprocess.run(
+        [sys.executable, "-c", rss, "doctor", "--server", str(CPU_TINY), "--tier", "flash",
+         "-p", f"{FLASH_PATH}={folder}", "-p", f"tiers.flash.chunk_tokens={chunk_tokens}",
+         "--json", str(report)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert not folder.exists()
+    odirect = {c["check"]: c for c in json.loads(report.read_text())}["flash O_DIRECT"]
+    return int(done.stdout.split("maxrss_kib")[-1]) / 1024, odirect
+
+
+def test_the_probe_is_one_chunk_capped_and_holds_two_pieces_in_ram(tmp_path) -> None:
+    """A 256 MiB chunk (chunk_tokens 262,144): the probe writes PROBE_CAP_BYTES (64 MiB) and
+    says so, and the doctor's peak RSS is that of a doctor probing a 1 MiB chunk, give or
+    take the interpreter's own noise (6065f95 wrote the whole chunk, with three copies of it
+    in RAM: 768 MiB more). Compared with a run of its own, not a fixed figure: what the
+    imports take varies from one machine to another."""
+    big_mib, odirect = _doctor_peak_rss_mib(tmp_path, 262_144)
+    small_mib, _ = _doctor_peak_rss_mib(tmp_path, 1024)
+    assert odirect["ok"] and odirect["why"].startswith(
+        "67,108,864 B written and read back (one chunk of 268,435,456 B, capped at "
+        "67,108,864 B (PROBE_CAP_BYTES))"), odirect
+    assert big_mib - small_mib < 64, f"peak RSS {big_mib:.0f} MiB, {small_mib:.0f} for 1 MiB"
+
+
+def test_a_folder_another_run_holds_fails_the_path_and_is_not_probed(tmp_path) -> None:
+    folder = tmp_path / "flash"
+    other_run = DiskFolder(folder, run_dir=tmp_path / "other-run")
+    other_run.prepare()
+    try:
+        lines = _flash_lines(_on_flash(folder), tmp_path / "runs")
+        listing = sorted(p.name for p in folder.iterdir())
+    finally:
+        other_run.cleanup()
+    assert not lines["flash path"].ok and "is in use by another run" in lines["flash path"].why
+    assert not lines["flash O_DIRECT"].ok and lines["flash O_DIRECT"].why.startswith(
+        "not tried")
+    assert listing == [LOCK_NAME]  # nothing of the doctor's was written into it
+
+
+def test_only_regular_files_count_as_a_run_counts_them(tmp_path) -> None:
+    """A subfolder, a fifo and a dangling symlink: a run takes the folder, so the doctor
+    passes it (6065f95 counted every name: 'holds 2 file(s)')."""
+    folder = tmp_path / "flash"
+    (folder / "sub").mkdir(parents=True)
+    os.mkfifo(folder / "fifo")
+    (folder / "link").symlink_to(tmp_path / "nowhere")
+    assert _flash_lines(_on_flash(folder), tmp_path / "runs")["flash path"].ok
+    run = DiskFolder(folder, run_dir=tmp_path / "run")
+    run.prepare()  # the run agrees
+    run.cleanup()
+    assert sorted(p.name for p in folder.iterdir()) == ["fifo", "link", "sub"]
+
+
+def test_a_file_url_is_the_folder_a_run_uses(tmp_path, monkeypatch) -> None:
+    """`file:///...` names the folder itself (as `DiskFolder` reads it), not a relative
+    folder `file:` under the working directory (6065f95 made and checked that one)."""
+    folder = tmp_path / "flash"
+    folder.mkdir()
+    (folder / "theirs.bin").write_bytes(b"x")
+    monkeypatch.chdir(tmp_path)
+    path = _flash_lines(_on_flash(f"file://{folder}"), tmp_path / "runs")["flash path"]
+    assert not path.ok and f"flash folder {folder} already holds 1 file(s)" in path.why
+    with pytest.raises(FolderRefused, match="already holds 1 file"):
+        DiskFolder(f"file://{folder}").prepare()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flash"]
+
+
+def test_a_folder_that_holds_the_runs_folder_fails_as_a_run_refuses_it(tmp_path) -> None:
+    path = _flash_lines(_on_flash(tmp_path), tmp_path / "runs")["flash path"]
+    assert not path.ok and "contains the run folder" in path.why
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's folder needs root")
+def test_another_users_folder_fails_the_path(tmp_path) -> None:
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o777)
+    os.chown(folder, 65534, 65534)
+    path = _flash_lines(_on_flash(folder), tmp_path / "runs")["flash path"]
+    assert not path.ok and "belongs to uid 65534" in path.why
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(("folder", "fstype"), [("/proc", "proc"), ("/sys/kernel", "sysfs")])
+def test_kernel_filesystems_fail_the_filesystem_line(folder, fstype, tmp_path) -> None:
+    if not Path(folder).is_dir():
+        pytest.skip(f"no {folder} here")
+    lines = _flash_lines(_on_flash(folder), tmp_path / "runs")
+    filesystem = lines["flash filesystem"]
+    assert not filesystem.ok and filesystem.why.startswith(fstype), filesystem.why
+    assert "kernel filesystem" in filesystem.why
+
+
+def test_counting_a_folders_files_stops_early(tmp_path, monkeypatch) -> None:
+    """200 subfolders of one file each: the count stops at FILES_COUNTED_AT_MOST (6065f95
+    walked the whole tree: 3.1 s on /usr)."""
+    folder = tmp_path / "flash"
+    for n in range(200):
+        (folder / f"d{n:03d}").mkdir(parents=True)
+        (folder / f"d{n:03d}" / "f").write_bytes(b"x")
+    visited = []
+    real_walk = os.walk
+
+    def counting_walk(*args, **kwargs):
+        for entry in real_walk(*args, **kwargs):
+            visited.append(entry[0])
+            yield entry
+
+    monkeypatch.setattr(os, "walk", counting_walk)
+    path = _flash_lines(_on_flash(folder), tmp_path / "runs")["flash path"]
+    assert not path.ok and "already holds at least 100 file(s)" in path.why
+    assert len(visited) <= 101, len(visited)
+
+
+def test_drives_not_mounted_fail_the_filesystem_and_write_no_probe(tmp_path,
+                                                                    monkeypatch) -> None:
+    """Study A's flash store names an 8-drive array; with the folder on the root filesystem
+    (the array not mounted) no probe is written there (6065f95 wrote 65 MB on /)."""
+    import kvrepro.engines.live.doctor as live_doctor
+
+    folder = tmp_path / "raid10"
+    if live_doctor.filesystem_of(tmp_path)[2] != "/":  # make this machine look like one
+        monkeypatch.setattr(live_doctor, "filesystem_of", lambda _p: ("ext4", "/dev/x", "/"))
+    fsyncs = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd)))
+    spec = override_server(load_server(STUDY_A), {FLASH_PATH: str(folder)})
+    checks = {c.check: c for c in doctor(spec, ["flash"], tmp_path / "runs", gpus=([], "-"))}
+    assert not checks["flash filesystem"].ok and "is it mounted there?" in checks[
+        "flash filesystem"].why
+    odirect = checks["flash O_DIRECT"]
+    assert not odirect.ok and odirect.why.startswith("not tried: the spec's drive array")
+    assert fsyncs == [] and not folder.exists()
+
+
+def test_an_unresolvable_or_foreign_host_fails_the_port_line(tmp_path, capsys) -> None:
+    """No gaierror traceback (6065f95): the port line fails and names the host."""
+    for host, why in [("nosuch.invalid", "host 'nosuch.invalid' does not resolve"),
+                      ("192.0.2.1", "cannot listen there")]:  # TEST-NET-1: nobody's address
+        rc, checks = _doctor_json(tmp_path, ["--server", str(CPU_TINY), "--tier", "small-kv",
+                                             "-p", f"live.host={host}"], capsys)
+        port = checks[("port", "")]
+        assert rc == 1 and not port["ok"] and why in port["why"], port
+
+
+def test_ipv6_loopback_is_checked(tmp_path, capsys) -> None:
+    try:
+        held = socket.socket(socket.AF_INET6)
+        held.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    with held:
+        held.listen()
+        port = held.getsockname()[1]
+        rc, checks = _doctor_json(tmp_path, ["--server", str(CPU_TINY), "--tier", "small-kv",
+                                             "-p", "live.host=::1", "-p", f"live.port={port}"],
+                                  capsys)
+        assert not checks[("port", "")]["ok"]
+        assert checks[("port", "")]["why"] == (f"[::1]:{port} is in use: stop what holds it or "
+                                               "set -p live.port=<free port>")
+    rc, checks = _doctor_json(tmp_path, ["--server", str(CPU_TINY), "--tier", "small-kv",
+                                         "-p", "live.host=::1", "-p", f"live.port={port}"],
+                              capsys)
+    assert checks[("port", "")]["ok"] and checks[("port", "")]["why"] == f"[::1]:{port} free"
+
+
+def test_json_into_a_missing_folder_or_onto_a_folder_is_one_line(tmp_path, capsys) -> None:
+    for target, why in [(tmp_path / "missing" / "doctor.json", "does not exist"),
+                        (tmp_path, "is a folder")]:
+        assert main(["doctor", "--server", str(CPU_TINY), "--tier", "small-kv",
+                     "--json", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"kvrepro doctor: --json {target}: ") and why in err, err
+        assert err.count("\n") == 1
+
+
+def test_json_replaces_a_symlink_never_writes_its_target(tmp_path, capsys) -> None:
+    """The report is written as a new file renamed into place (`replace_file`): a symlink at
+    its name is replaced, its target untouched (6065f95 wrote through it)."""
+    victim, report = tmp_path / "victim.txt", tmp_path / "doctor.json"
+    victim.write_text("a user's file\n")
+    report.symlink_to(victim)
+    main(["doctor", "--server", str(CPU_TINY), "--tier", "small-kv", "--json", str(report)])
+    capsys.readouterr()
+    assert victim.read_text() == "a user's file\n"
+    assert not report.is_symlink() and json.loads(report.read_text())

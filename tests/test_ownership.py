@@ -235,6 +235,58 @@ def test_default_flash_folder_is_the_runs_own(tmp_path: Path) -> None:
         assert server.disk is not None and server.disk.path == Path(folder)
 
 
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_check_refuses_what_prepare_refuses_and_touches_nothing(tmp_path: Path) -> None:
+    """`DiskFolder.check` (what `kvrepro doctor` asks, issue 37 item 7) gives the run's own
+    verdict on each folder without making, locking or writing anything (6065f95 had no such
+    check: the doctor kept rules of its own, and they disagreed)."""
+    held, foreign, only_dirs = tmp_path / "held", tmp_path / "foreign", tmp_path / "dirs"
+    other_run = DiskFolder(held, run_dir=tmp_path / "other")
+    other_run.prepare()
+    foreign.mkdir()
+    (foreign / "theirs.bin").write_bytes(b"x")
+    (only_dirs / "sub").mkdir(parents=True)
+    os.mkfifo(only_dirs / "fifo")
+    cases = {held: "is in use by another run", foreign: r"already holds 1 file\(s\)",
+             tmp_path: "contains the run folder", only_dirs: None, tmp_path / "new": None}
+    try:
+        for folder, refused in cases.items():
+            before = _listing(tmp_path)
+            for url in (str(folder), f"file://{folder}"):
+                disk = DiskFolder(url, run_dir=tmp_path / "runs" / "run")
+                if refused is None:
+                    disk.check()
+                else:
+                    with pytest.raises(FolderRefused, match=refused):
+                        disk.check()
+                assert _listing(tmp_path) == before  # the check made and wrote nothing
+                if refused is None:
+                    disk.prepare()  # the run agrees
+                    disk.cleanup()
+                else:
+                    with pytest.raises(FolderRefused, match=refused):
+                        disk.prepare()
+    finally:
+        other_run.cleanup()
+    DiskFolder(foreign, allow_existing=True).check()
+
+
+def test_a_folders_files_are_counted_only_up_to_a_bound(tmp_path: Path) -> None:
+    """A folder holding FILES_COUNTED_AT_MOST files or more is refused as holding "at least"
+    that many, after a walk that stopped there (6065f95 walked and counted all 150)."""
+    folder = tmp_path / "l2"
+    for n in range(150):
+        (folder / f"d{n:03d}").mkdir(parents=True)
+        (folder / f"d{n:03d}" / "chunk.data").write_bytes(b"kv")
+    for disk in (DiskFolder(folder), DiskFolder(folder, run_dir=tmp_path / "run")):
+        with pytest.raises(FolderRefused, match="already holds at least 100 file"):
+            disk.prepare()
+    assert not (folder / LOCK_NAME).exists()
+
+
 def test_segments_the_run_held_are_removed_a_bystanders_never(tmp_path: Path,
                                                               tag: str) -> None:
     closed = SHM_DIR / f"psm_{tag}_bystander"

@@ -5,34 +5,25 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pandas as pd
 import pytest
 
 from kvrepro.reproduce import reproduce, runs_alone
-from tests.conftest import NOTEBOOKS
+from tests.conftest import NOTEBOOKS, write_notebook
 
 HOLD_S = 2.0  # each notebook holds its interval this long, so overlaps are unambiguous
 
 
 def _notebook(path: Path, body: str, alone: str = "") -> None:
     """A notebook with papermill parameters that records when its cell ran."""
-    params = nbformat.v4.new_code_cell('figures_dir = ""\nresults_dir = ""')
-    params.metadata["tags"] = ["parameters"]
-    cell = nbformat.v4.new_code_cell(
-        "import json, os, time\n"
-        "start = time.time()\n"
-        f"{body}\n"
-        f"time.sleep({HOLD_S})\n"
-        "os.makedirs(results_dir, exist_ok=True)\n"
-        f"json.dump({{'start': start, 'end': time.time(), 'pid': os.getpid()}},\n"
-        f"          open(os.path.join(results_dir, '{path.stem}.json'), 'w'))\n")
-    nb = nbformat.v4.new_notebook(cells=[params, cell])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    if alone:
-        nb.metadata["kvrepro"] = {"runs_alone": alone}
-    nbformat.write(nb, str(path))
+    write_notebook(path, "import json, os, time\n"
+                   "start = time.time()\n"
+                   f"{body}\n"
+                   f"time.sleep({HOLD_S})\n"
+                   "os.makedirs(results_dir, exist_ok=True)\n"
+                   f"json.dump({{'start': start, 'end': time.time(), 'pid': os.getpid()}},\n"
+                   f"          open(os.path.join(results_dir, '{path.stem}.json'), 'w'))\n",
+                   **({"runs_alone": alone} if alone else {}))
 
 
 def _interval(run_dir: Path, name: str) -> tuple[float, float]:

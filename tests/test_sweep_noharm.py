@@ -240,17 +240,19 @@ def _dead_pid() -> int:
 def test_only_a_dead_writers_temp_files_are_removed(ray_session, tmp_path):
     """Item 6: a resumed sweep removes the temporary files of a writer that died, in the
     folder and in points/, and leaves those of a live process (the old code removed every
-    `.*.tmp` in points/) and files that are not a sweep's temporary names."""
+    `.*.tmp` in points/) and files that are not a sweep's temporary names (issue 37: a
+    dead pid in a name that is not one of the sweep's own files, `.thesis.tex.<pid>.tmp`)."""
     out = tmp_path / "sweep"
     grid = {"a": [1, 2]}
     run_sweep(grid, out, point_fn=quick_point, progress=False)
     dead = _dead_pid()
     live = subprocess.Popen(["sleep", "120"])
     try:
-        points = out / "points"
-        gone = [points / f".x.parquet.{dead}.tmp", out / f".sweep.parquet.{dead}.tmp"]
-        kept = [points / f".x.parquet.{live.pid}.tmp", out / f".sweep.parquet.{live.pid}.tmp",
-                points / ".notes.tmp"]
+        points, point = out / "points", "0123456789abcdef"
+        gone = [points / f".{point}.parquet.{dead}.tmp", out / f".sweep.parquet.{dead}.tmp"]
+        kept = [points / f".{point}.parquet.{live.pid}.tmp",
+                out / f".sweep.parquet.{live.pid}.tmp", points / ".notes.tmp",
+                points / f".x.parquet.{dead}.tmp", out / f".thesis.tex.{dead}.tmp"]
         for path in gone + kept:
             path.write_text("half")
         table = run_sweep(grid, out, point_fn=quick_point, progress=False)

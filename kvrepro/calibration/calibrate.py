@@ -23,7 +23,10 @@ made by the same evidence. Points are ranked first by how many targets lie beyon
 tolerance, then by the loss, so a point that meets every target wins over a lower loss that
 does not. The winner's values are written into the server spec and the plan
 (comments kept, each fitted value commented with its targets' residuals), and the plan's
-`calibration.result` records every residual, the command and its wall time.
+`calibration.result` records every residual, the command and its wall time. Both files are
+replaced together, atomically, under a lock each, once both new texts are checked
+(`write_fit`); a plan is checked against its files when it is read (`load_plan`: every place
+it sets is there), so a bad place fails before any point runs, not after the fit.
 
 This module knows no study: what a point means is the point function's (named in the plan,
 imported by name, so the calibration never imports the studies above it).
@@ -44,7 +47,8 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvrepro._checks import load_yaml_model
+from kvrepro._checks import load_yaml, load_yaml_model, validate_model
+from kvrepro._files import rewriting
 from kvrepro.sweep import Scalar, load_point_function, run_sweep
 from kvrepro.tier_spec import set_dotted
 
@@ -97,18 +101,68 @@ class CalibrationPlan(_Strict):
 
 
 def load_plan(path: str | Path) -> CalibrationPlan:
-    """Read a plan; errors name the file and each bad key's dotted path."""
+    """Read a plan, checked against its server spec (`_check_plan`); errors name the file
+    and each bad key's dotted path."""
     plan = load_yaml_model(path, CalibrationPlan, "calibration plan")
+    _check_plan(plan, Path(path), _server_tree(path, plan))
+    return plan
+
+
+def _plan_from_text(text: str, path: Path, server: Any) -> CalibrationPlan:
+    """A plan's text (one about to be written as `path`) read as `load_plan` reads the file,
+    checked against the server tree `server`."""
+    plan = validate_model(load_yaml(text, str(path)), CalibrationPlan, "calibration plan",
+                          str(path))
+    _check_plan(plan, path, server)
+    return plan
+
+
+def _server_tree(plan_path: str | Path, plan: CalibrationPlan) -> Any:
+    """The plan's server spec as parsed YAML; a missing one is named with the plan."""
+    path = server_path(plan_path, plan)
+    if not path.is_file():
+        raise FileNotFoundError(f"{plan_path}: its server spec {plan.server!r} is not a file "
+                                f"({path})")
+    return load_yaml(path.read_text(), str(path))
+
+
+def _check_plan(plan: CalibrationPlan, path: Path, server: Any) -> None:
+    """Every parameter fits declared targets, and every place it sets exists in the server
+    spec or the campaign. Why before any point runs: a place that is not there fails only
+    at the write-back, after the whole fit (a KeyError that loses it)."""
+    trees = {"server": server, "campaign": plan.campaign}
     for param in plan.calibration.parameters:
         unknown = sorted(set(param.fits) - set(plan.calibration.targets))
         if unknown:
             raise ValueError(f"{path}: parameter {param.name!r} fits {unknown}, which are not "
                              "calibration.targets")
         for place in param.sets:
-            if place.partition(":")[0] not in PLACES or not place.partition(":")[2]:
+            where, _, dotted = place.partition(":")
+            if where not in PLACES or not dotted:
                 raise ValueError(f"{path}: parameter {param.name!r}: place {place!r} is not "
                                  f"one of {PLACES} followed by ':' and a dotted path")
-    return plan
+            missing = _missing_key(trees[where], dotted)
+            if missing is not None:
+                owner = (f"the server spec {plan.server}" if where == "server"
+                         else "the plan's campaign")
+                raise ValueError(f"{path}: parameter {param.name!r}: place {place!r}: "
+                                 f"{owner} has no key {missing!r} (a calibration sets only "
+                                 "keys that are written there)")
+
+
+def _missing_key(tree: Any, dotted: str) -> str | None:
+    """The first prefix of `dotted` that `tree` does not hold (a number indexes a list,
+    within its length), or None when the whole path is there."""
+    keys = dotted.split(".")
+    node = tree
+    for i, key in enumerate(keys):
+        if isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            return ".".join(keys[:i + 1])
+    return None
 
 
 def server_path(plan_path: str | Path, plan: CalibrationPlan) -> Path:
@@ -122,19 +176,14 @@ def _get(tree: Any, dotted: str) -> Any:
 
 
 def current_values(plan_path: str | Path) -> dict[str, Any]:
-    """Each free parameter's value in the shipped files (its first place)."""
-    import yaml
-
+    """Each free parameter's value in the shipped files (its first place; `load_plan` has
+    checked that every place is there)."""
     plan = load_plan(plan_path)
-    trees = {"server": yaml.safe_load(server_path(plan_path, plan).read_text()),
-             "campaign": plan.campaign}
+    trees = {"server": _server_tree(plan_path, plan), "campaign": plan.campaign}
     out = {}
     for param in plan.calibration.parameters:
         where, _, dotted = param.sets[0].partition(":")
-        try:
-            out[param.name] = _get(trees[where], dotted)
-        except (KeyError, IndexError, TypeError):
-            out[param.name] = None  # unset: a default of the model
+        out[param.name] = _get(trees[where], dotted)
     return out
 
 
@@ -290,15 +339,25 @@ def _yaml() -> Any:
 
 
 def _represent_float(representer: Any, value: float) -> Any:
-    """Floats as a person writes them, and as PyYAML reads them back as floats: 0.34,
-    9.5e+09 (a dot in the mantissa and a signed exponent, YAML 1.1's float)."""
-    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-5):
-        mantissa, _, exponent = f"{value:.4e}".partition("e")
-        mantissa = mantissa.rstrip("0")
-        text = f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
-    else:
-        text = repr(round(value, 6))
-    return representer.represent_scalar("tag:yaml.org,2002:float", text)
+    return representer.represent_scalar("tag:yaml.org,2002:float", _float_text(value))
+
+
+def _float_text(value: float) -> str:
+    """A float as a person writes it, and as PyYAML reads it back as the same float: 0.34,
+    9.5e+09 (a dot in the mantissa and a signed exponent, YAML 1.1's float), with as few
+    digits as give the value exactly (the write-back's check compares what it reads back)."""
+    if not math.isfinite(value):
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
+    if value == 0 or 1e-5 <= abs(value) < 1e5:
+        for text in (repr(round(value, 6)), repr(value)):
+            if "e" not in text and float(text) == value:
+                return text
+    for digits in range(4, 17):
+        mantissa, _, exponent = f"{value:.{digits}e}".partition("e")
+        if float(f"{mantissa}e{exponent}") == value:
+            break
+    mantissa = mantissa.rstrip("0")
+    return f"{mantissa}0e{exponent}" if mantissa.endswith(".") else f"{mantissa}e{exponent}"
 
 
 def _comment(param: FreeParameter, residuals: Mapping[str, float]) -> str:
@@ -333,9 +392,27 @@ def _block_mappings(node: Any) -> None:
 
 def write_fit(plan_path: str | Path, result: CalibrationResult) -> None:
     """Write the fitted values (commented with the residuals) into the server spec and the
-    plan, and the plan's `calibration.result`; the files' other comments are kept."""
-    plan_path = Path(plan_path)
-    plan = load_plan(plan_path)
+    plan, and the plan's `calibration.result`; the files' other comments are kept.
+
+    Both files are read, changed and replaced under their locks (`kvrepro._files.rewriting`):
+    a second calibration of a plan sharing the server waits, then reads the first one's
+    values and keeps them. Both new texts are checked (`_check_fit`) before either file is
+    replaced, each atomically: a full disk or a value the spec refuses leaves both as they
+    were."""
+    plan_path = Path(plan_path).resolve()
+    server = server_path(plan_path, load_plan(plan_path))
+    with rewriting([server, plan_path]) as replace:
+        plan = load_plan(plan_path)  # again, under the locks: a write since then is kept
+        if server_path(plan_path, plan) != server:
+            raise ValueError(f"{plan_path}: its server changed while the fit ran; nothing "
+                             "written, run calibrate again")
+        texts = _fitted_texts(plan_path, plan, result)
+        replace(texts, check=lambda new: _check_fit(new, plan_path, server, result))
+
+
+def _fitted_texts(plan_path: Path, plan: CalibrationPlan, result: CalibrationResult
+                  ) -> dict[Path, str]:
+    """The server spec's and the plan's new texts, fitted values and result written in."""
     yaml = _yaml()
     files = {"server": server_path(plan_path, plan), "campaign": plan_path}
     trees = {where: yaml.load(path.read_text()) for where, path in files.items()}
@@ -353,12 +430,38 @@ def write_fit(plan_path: str | Path, result: CalibrationResult) -> None:
         "points": int(len(result.points)),
         "points_run": result.points_run,
         "wall_s": round(result.wall_s, 1)}
+    texts = {}
     for where, path in files.items():
         _block_mappings(trees[where])
         buffer = io.StringIO()
         yaml.dump(trees[where], buffer)
-        path.write_text(buffer.getvalue())
-    load_plan(plan_path)  # what was written must still read as a plan
+        texts[path] = buffer.getvalue()
+    return texts
+
+
+def _check_fit(new: Mapping[Path, bytes], plan_path: Path, server: Path,
+               result: CalibrationResult) -> None:
+    """Before anything is replaced: the new server text is a server spec, the new plan text
+    a plan (its places all there), and every place and `calibration.result` reads back the
+    fitted value, of the same type. Else ValueError naming the file; nothing is written."""
+    from kvrepro.tier_spec import ServerSpec
+
+    tree = load_yaml(new[server].decode(), str(server))
+    validate_model(tree, ServerSpec, "server spec", str(server))
+    written = _plan_from_text(new[plan_path].decode(), plan_path, tree)
+    trees = {"server": tree, "campaign": written.campaign}
+    for param in written.calibration.parameters:
+        wanted = result.values[param.name]
+        for place in param.sets:
+            where, _, dotted = place.partition(":")
+            got = _get(trees[where], dotted)
+            if type(got) is not type(wanted) or got != wanted:
+                raise ValueError(f"{server if where == 'server' else plan_path}: {dotted} "
+                                 f"would read back as {got!r}, not the fitted {wanted!r}; "
+                                 "nothing written")
+    if written.calibration.result.get("values") != dict(result.values):
+        raise ValueError(f"{plan_path}: calibration.result.values would not read back as the "
+                         "fitted values; nothing written")
 
 
 def _shown(path: Path) -> str:

@@ -100,7 +100,7 @@ def planned_meta(plan: Plan, name: str, tier: str, spec: ServerSpec) -> dict[str
     """The meta.json keys of a set's tier run that the twin reads, as the live engine will
     write them (`kvrepro.engines.live.runner`): rendered tier, workload, window."""
     workload = set_workload(plan, name)
-    return {"engine": "live", "tier": tier, "tier_config": live_tier(spec, tier).model_dump(),
+    return {"engine": "live", "tier": tier, "tier_config": live_tier(spec, tier).meta_record(),
             "workload": workload.spec, "workload_digest": workload.digest(),
             "options": {"duration_s": plan.duration_s, "warmup_s": plan.warmup_s}}
 

@@ -65,12 +65,27 @@ def save_headline(table: pd.DataFrame, results_dir: str | Path | None, name: str
     return path
 
 
+class DuplicateHeadline(ValueError):
+    """An id produced twice: one id has one value and one kind in the headline table."""
+
+
 def collect_headlines(results_dir: str | Path) -> pd.DataFrame:
-    """Concatenate every headline CSV in `results_dir`, ordered by figure id."""
+    """Concatenate every headline CSV in `results_dir`, ordered by figure id. An id in more
+    than one row (two notebooks, or one twice) is refused (`DuplicateHeadline`): the table
+    would show two values, maybe of two kinds, for one study number (A5.resumes once came
+    from the workload alone in notebook 02 and from the twin in notebook 04)."""
     files = sorted(Path(results_dir).glob("*.csv"))
     if not files:
         return pd.DataFrame(columns=HEADLINE_COLUMNS)
-    table = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    table = pd.concat([pd.read_csv(f).assign(_file=f.name) for f in files], ignore_index=True)
+    twice = table[table["id"].duplicated(keep=False)].groupby("id", sort=True)["_file"]
+    if len(twice):
+        named = "; ".join(f"{ref_id} from {', '.join(names)}"
+                          for ref_id, names in twice.agg(list).items())
+        raise DuplicateHeadline(f"headline id(s) produced more than once: {named} (in "
+                                f"{results_dir}): one id, one value, one kind; give the other "
+                                "quantity its own id or show it as a table")
+    table = table.drop(columns="_file")
     return table.sort_values(["figure", "id"], kind="stable").reset_index(drop=True)
 
 

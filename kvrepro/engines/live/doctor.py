@@ -7,16 +7,22 @@ largest L1 (and, on CPUs, the engine's memory); each flash store's folder (exist
 made, free space against its capacity, its filesystem, one chunk written and read back with
 O_DIRECT); fio; the server's port; the installed vllm / lmcache / vllm-router against the pins
 (`kvrepro.engines.live.pins`); the model. It starts no server and leaves nothing behind: the
-probe file and any folder it makes are its own (created with O_EXCL / mkdir) and removed.
+probe file (`kvrepro._files.own_file`: O_EXCL | O_NOFOLLOW, written and read only through its
+descriptor, never reopened by name) and any folder it makes are its own, and removed on every
+way out (SIGTERM and SIGINT too, under the CLI's `stop_on_signals`). A flash folder is judged
+by the run's own rules (`ownership.DiskFolder.check`), so the doctor and a run never disagree.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import shutil
+import socket
+import struct
 import subprocess
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -24,14 +30,24 @@ from pathlib import Path
 
 import psutil
 
-from kvrepro.engines.live.ownership import LOCK_NAME
+from kvrepro._files import own_file
+from kvrepro.engines.live.ownership import DiskFolder, FolderRefused, flash_path
 from kvrepro.engines.live.pins import VLLM_DISTRIBUTION, installed_version, pinned_packages
 from kvrepro.engines.live.processes import port_in_use
 from kvrepro.tier_spec import TINY_MODEL, ServerSpec, StoreSpec, parse_cpu_list
 
 VLLM_DEFAULT_GPU_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 IN_MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
+PSEUDO_FILESYSTEMS = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs",
+                      "tracefs", "securityfs", "configfs", "pstore", "bpf", "mqueue",
+                      "hugetlbfs", "fusectl", "binfmt_misc", "efivarfs", "autofs", "nsfs",
+                      "rpc_pipefs"}
+"""Kernel views, not storage: a flash tier there stores nothing (or the kernel's settings)."""
 ALIGN_BYTES = 4096  # O_DIRECT needs block-aligned buffers, offsets and sizes
+PROBE_CAP_BYTES = 64 * 2**20
+"""The O_DIRECT probe writes one chunk, but at most this much: a chunk of a million tokens
+is gigabytes, which the check does not need and the disk and RAM may not spare."""
+PIECE_BYTES = 2**20  # written, read back and compared this much at a time (RAM: two pieces)
 GB = 1e9
 
 
@@ -179,57 +195,75 @@ def filesystem_of(path: Path) -> tuple[str, str, str]:
     return best
 
 
-def _files_in(folder: Path) -> int:
-    """Files below `folder` a run would refuse to share it with (`DiskFolder.prepare`)."""
-    return sum(name != LOCK_NAME for _root, _dirs, names in os.walk(folder) for name in names)
+def _probe_prefix() -> str:
+    """The name of a probe file of this process, before own_file's random part."""
+    return f".kvrepro-doctor-{os.getpid()}-"
 
 
-def _new_file(folder: Path) -> Path:
-    """A new empty file in `folder`, made by this call (O_EXCL): provably ours to remove."""
-    probe = folder / f".kvrepro-doctor-{os.getpid()}-{os.urandom(4).hex()}"
-    os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    return probe
+def _stamp(piece: mmap.mmap, offset: int) -> None:
+    """Mark a piece of the probe with its offset, so a piece read back from elsewhere in the
+    file (or another file) is told apart from the one written there."""
+    piece[:8] = struct.pack("<Q", offset)
 
 
-def _write_all(fd: int, buffer: mmap.mmap, size: int) -> None:
-    """Write all of `buffer`; after a short write (a filesystem filling up) the next one
+def _write_all(fd: int, view: memoryview) -> None:
+    """Write all of `view`; after a short write (a filesystem filling up) the next one
     raises the filesystem's own error, e.g. ENOSPC."""
-    view, written = memoryview(buffer), 0
-    try:
-        while written < size:
-            count = os.write(fd, view[written:])
-            if count == 0:
-                raise OSError(errno.ENOSPC, "no byte written")
-            written += count
-    finally:
-        view.release()
+    written = 0
+    while written < len(view):
+        with view[written:] as rest:  # released even on error: the mmap must close after
+            count = os.write(fd, rest)
+        if count == 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        written += count
+
+
+def _set_direct(fd: int) -> None:
+    """Switch `fd` to O_DIRECT; EINVAL where the filesystem refuses it. Why not O_DIRECT at
+    open: an open with O_CREAT that is refused so has already made the file, which then has no
+    descriptor of ours to prove it is ours to remove."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+
+
+def _round_trip(fd: int, size: int) -> None:
+    """Write `size` bytes to `fd` in pieces, fsync, read them back and compare (OSError EIO
+    when other bytes come back); two page-aligned pieces of RAM, whatever `size` is. Every
+    view of the buffers is released on the way out, error or not: a live one would turn the
+    error into mmap's BufferError."""
+    pieces = range(0, size, PIECE_BYTES)
+    with mmap.mmap(-1, PIECE_BYTES) as out, mmap.mmap(-1, PIECE_BYTES) as back:
+        out.write(os.urandom(PIECE_BYTES))
+        with memoryview(out) as written, memoryview(back) as read:
+            for offset in pieces:
+                _stamp(out, offset)
+                with written[:min(PIECE_BYTES, size - offset)] as piece:
+                    _write_all(fd, piece)
+            os.fsync(fd)
+            for offset in pieces:
+                length = min(PIECE_BYTES, size - offset)
+                _stamp(out, offset)
+                with read[:length] as got, written[:length] as want:
+                    if os.preadv(fd, [got], offset) != length or got != want:
+                        raise OSError(errno.EIO, "O_DIRECT read back other bytes than "
+                                      "were written")
+
+
+def probe_bytes(chunk_bytes: int) -> int:
+    """What the probe writes: one chunk, capped at `PROBE_CAP_BYTES`, in whole blocks."""
+    return -(-min(chunk_bytes, PROBE_CAP_BYTES) // ALIGN_BYTES) * ALIGN_BYTES
 
 
 def odirect_round_trip(folder: Path, chunk_bytes: int) -> str:
-    """Write one chunk with O_DIRECT into a new file of ours in `folder`, read it back with
-    O_DIRECT, compare, remove the file. Returns what happened; raises OSError on failure."""
-    size = -(-chunk_bytes // ALIGN_BYTES) * ALIGN_BYTES
-    out, back = mmap.mmap(-1, size), mmap.mmap(-1, size)  # page-aligned, as O_DIRECT needs
-    probe = _new_file(folder)
-    try:
-        out.write(os.urandom(size))
-        fd = os.open(probe, os.O_WRONLY | os.O_DIRECT)
-        try:
-            _write_all(fd, out, size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        fd = os.open(probe, os.O_RDONLY | os.O_DIRECT)
-        try:
-            if os.readv(fd, [back]) != size or back[:] != out[:]:
-                raise OSError(errno.EIO, "O_DIRECT read back other bytes than were written")
-        finally:
-            os.close(fd)
-    finally:
-        out.close()
-        back.close()
-        probe.unlink()
-    return f"{size:,} B written and read back"
+    """Write one chunk (capped) with O_DIRECT into a new file of ours in `folder`, read it
+    back with O_DIRECT, compare, remove the file; all through the descriptor that made it.
+    Returns what happened; raises OSError on failure."""
+    size = probe_bytes(chunk_bytes)
+    with own_file(folder, _probe_prefix()) as (_path, fd):
+        _set_direct(fd)
+        _round_trip(fd, size)
+    capped = (f", capped at {PROBE_CAP_BYTES:,} B (PROBE_CAP_BYTES)"
+              if chunk_bytes > PROBE_CAP_BYTES else "")
+    return f"{size:,} B written and read back (one chunk of {chunk_bytes:,} B{capped})"
 
 
 def _odirect_why(err: OSError, chunk_bytes: int) -> str:
@@ -240,44 +274,76 @@ def _odirect_why(err: OSError, chunk_bytes: int) -> str:
     return f"{err.strerror or err} ({errno.errorcode.get(err.errno or 0, err.errno)})"
 
 
-def flash_checks(subject: str, store: StoreSpec, folder: Path, chunk_bytes: int) -> list[Check]:
-    """The four checks of one flash store's folder."""
+def _filesystem_check(subject: str, store: StoreSpec, folder: Path) -> tuple[Check, bool]:
+    """The filesystem line, and whether the folder lies where the spec's drive array is not
+    (its array not mounted: the root filesystem instead)."""
     fstype, device, mount = filesystem_of(folder)
-    in_memory = fstype in IN_MEMORY_FILESYSTEMS
-    unmounted = bool(store.drives) and mount == "/"  # the array the spec names is not there
-    filesystem = Check(
-        "flash filesystem", subject, not (in_memory or unmounted),
+    in_memory, pseudo = fstype in IN_MEMORY_FILESYSTEMS, fstype in PSEUDO_FILESYSTEMS
+    unmounted = bool(store.drives) and mount == "/"
+    return Check(
+        "flash filesystem", subject, not (in_memory or pseudo or unmounted),
         f"{fstype} ({device} on {mount})"
-        + ("; in memory: the flash tier would measure DRAM" if in_memory else "")
+        + ("; a kernel filesystem, not storage" if pseudo else "")
+        + ("; in memory: the flash tier would measure DRAM" if in_memory and not pseudo else "")
         + (f"; the root filesystem, not the {store.drives}-drive {store.raid_level or ''} "
-           "array the spec names: is it mounted there?" if unmounted else ""))
-    free = shutil.disk_usage(_existing_ancestor(folder)).free
-    space = Check("flash space", subject, free >= store.capacity_bytes,
-                  f"{free / GB:,.2f} GB free; the store holds up to "
-                  f"{store.capacity_bytes / GB:,.2f} GB")
+           "array the spec names: is it mounted there?" if unmounted else "")), unmounted
+
+
+def _path_and_probe(subject: str, store: StoreSpec, folder: Path, runs_dir: Path,
+                    chunk_bytes: int, unmounted: bool) -> list[Check]:
+    """The path line (the run's own refusals, `DiskFolder.check`, then a file of ours made
+    there) and the O_DIRECT line (not tried where the run refuses the folder or the spec's
+    array is not mounted)."""
+    def not_tried(why: str) -> Check:
+        return Check("flash O_DIRECT", subject, False, f"not tried: {why}")
+
     existed = "exists" if folder.is_dir() else "can be made"
     try:
+        if store.path:  # else a new folder in the run's own: nothing there to refuse
+            DiskFolder(folder, allow_existing=store.allow_existing_files,
+                       run_dir=runs_dir).check()
+    except FolderRefused as err:
+        return [Check("flash path", subject, False, f"{err} (a run refuses it)"),
+                not_tried("a run refuses this folder")]
+    except OSError as err:
+        return [Check("flash path", subject, False, f"{folder}: {err.strerror or err}"),
+                not_tried("the folder cannot be read")]
+    try:
         with made_folder(folder):
-            _new_file(folder).unlink()  # writable: a file of ours can be made there
-            held = 0 if store.allow_existing_files or not store.path else _files_in(folder)
-            path = Check("flash path", subject, held == 0, f"{folder} {existed}, writable" + (
-                f"; holds {held} file(s): a run refuses them (empty it, choose another path, "
-                "or set allow_existing_files: true)" if held else ""))
+            with own_file(folder, _probe_prefix()):
+                pass  # writable: a file of ours can be made there
+            path = Check("flash path", subject, True, f"{folder} {existed}, writable")
+            if unmounted:
+                return [path, not_tried("the spec's drive array is not mounted; no probe "
+                                        "written on the root filesystem")]
             try:
                 odirect = Check("flash O_DIRECT", subject, True, odirect_round_trip(
                     folder, chunk_bytes) + f" (io_mode {store.io_mode})")
             except OSError as err:
-                odirect = Check("flash O_DIRECT", subject, False, _odirect_why(err, chunk_bytes))
+                odirect = Check("flash O_DIRECT", subject, False,
+                                _odirect_why(err, probe_bytes(chunk_bytes)))
     except OSError as err:
-        path = Check("flash path", subject, False, f"{folder}: cannot be made or written: "
-                     f"{err.strerror or err}")
-        odirect = Check("flash O_DIRECT", subject, False, "not tried: the folder cannot be made")
+        return [Check("flash path", subject, False, f"{folder}: cannot be made or written: "
+                      f"{err.strerror or err}"), not_tried("the folder cannot be made")]
+    return [path, odirect]
+
+
+def flash_checks(subject: str, store: StoreSpec, folder: Path, chunk_bytes: int,
+                 runs_dir: Path) -> list[Check]:
+    """The four checks of one flash store's folder."""
+    filesystem, unmounted = _filesystem_check(subject, store, folder)
+    free = shutil.disk_usage(_existing_ancestor(folder)).free
+    space = Check("flash space", subject, free >= store.capacity_bytes,
+                  f"{free / GB:,.2f} GB free; the store holds up to "
+                  f"{store.capacity_bytes / GB:,.2f} GB")
+    path, odirect = _path_and_probe(subject, store, folder, runs_dir, chunk_bytes, unmounted)
     return [path, space, filesystem, odirect]
 
 
 def store_folder(store: StoreSpec, runs_dir: Path) -> Path:
-    """Where a flash store writes: its path, else (`RUN_DISK_DIR`) inside a run folder."""
-    return Path(store.path) if store.path else runs_dir
+    """Where a flash store writes: its path (`file://` or not, as a run reads it), else
+    (`RUN_DISK_DIR`) inside a run folder."""
+    return flash_path(store.path) if store.path else runs_dir
 
 
 # --------------------------------------------------------------------------- the rest
@@ -293,9 +359,31 @@ def fio_check() -> Check:
     return Check("fio", "", True, f"{version} ({fio})")
 
 
+def _can_listen(host: str, port: int) -> None:
+    """Bind host:port as the server would (SO_REUSEADDR, as uvicorn does); OSError where it
+    cannot, e.g. `host` is not an address of this machine."""
+    for family, kind, proto, _name, address in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+
+
 def port_check(host: str, port: int) -> Check:
-    busy = port_in_use(host, port)
-    return Check("port", "", not busy, f"{host}:{port} " + (
+    """Nothing listens on host:port and the server could listen there; a host that does not
+    resolve or is not this machine's fails the line, naming it."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        busy = port_in_use(host, port)
+        if not busy:
+            _can_listen(host, port)
+    except socket.gaierror as err:
+        return Check("port", "", False, f"{where}: host {host!r} does not resolve "
+                     f"({err.strerror}); the servers listen on loopback: -p live.host=127.0.0.1")
+    except OSError as err:
+        return Check("port", "", False, f"{where}: cannot listen there ({err.strerror or err});"
+                     " is it an address of this machine? -p live.host=127.0.0.1")
+    return Check("port", "", not busy, f"{where} " + (
         "is in use: stop what holds it or set -p live.port=<free port>" if busy else "free"))
 
 
@@ -372,7 +460,7 @@ def doctor(spec: ServerSpec, tiers: list[str] | None = None, runs_dir: str | Pat
         for store in (s for s in tier.stores if s.kind == "flash"):
             folder = store_folder(store, Path(runs_dir))
             checks += flash_checks(f"{name}/{store.name}", store, folder,
-                                   tier.chunk_tokens * kv_per_token)
+                                   tier.chunk_tokens * kv_per_token, Path(runs_dir))
     checks += [fio_check(), port_check(spec.live.host, spec.live.port), *version_checks(spec),
                model_check(spec.live.model)]
     return checks
@@ -391,3 +479,13 @@ def format_checks(checks: list[Check]) -> str:
 
 def as_records(checks: list[Check]) -> list[dict[str, object]]:
     return [asdict(c) for c in checks]
+
+
+def json_target_problem(path: str | Path) -> str | None:
+    """Why `--json PATH` cannot be written (asked before the checks run), or None."""
+    path = Path(path)
+    if path.is_dir():
+        return f"--json {path}: is a folder; name a file"
+    if not path.parent.is_dir():
+        return f"--json {path}: its folder {path.parent} does not exist"
+    return None

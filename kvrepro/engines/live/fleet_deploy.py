@@ -200,9 +200,11 @@ class LMCachePool:
         env = {**self.tier.env, "LMCACHE_DISABLE_BANNER": "1"}
         files = [self.run_dir / name for name in ("lmcache_command.txt", "tier.json", "env.json")]
         files[0].write_text(format_command(command) + "\n")
-        files[1].write_text(self.tier.model_dump_json(indent=2))
-        files[2].write_text(json.dumps(env, indent=2) + "\n")
-        return DeployPlan({"LMCache server": command}, env, files)
+        files[1].write_text(json.dumps(self.tier.meta_record(), indent=2))
+        plan = DeployPlan({"LMCache server": command}, env, files,
+                          secret=frozenset(self.tier.env))
+        plan.write_env(files[2])
+        return plan
 
     def start(self) -> None:
         """Start the LMCache server and wait until its health check answers."""
@@ -543,7 +545,7 @@ def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
             with deployment:
                 writer.meta.update(startup_s=deployment.startup_s,
                                    served_names=deployment.served_names,
-                                   tier_configs=[t.model_dump() for t in deployment.tiers],
+                                   tier_configs=[t.meta_record() for t in deployment.tiers],
                                    instance_placements=[s.placement_record()
                                               for s in deployment.instances])
                 records = FleetRecords(writer, deployment.served_names, labels)

@@ -22,6 +22,7 @@ Each removal that fails is skipped and listed in `problems`; the rest are still 
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import tempfile
@@ -41,6 +42,9 @@ LMCACHE_FILE_SUFFIXES = (".data", ".tmp", ".pt")
 """The files LMCache writes into a flash folder: `fs_native` chunks (`<key>.data`, written
 through `.tmp`, as its extension's strings show) and the in-process disk backend's `<key>.pt`."""
 LOCK_NAME = ".kvrepro-flash.lock"
+FILES_COUNTED_AT_MOST = 100
+"""A folder's foreign files are counted up to this many ("at least 100"): refusing it needs
+only none vs some, and a walk of a whole tree (`/usr`) takes seconds."""
 
 
 class FolderRefused(RefusedFolder, ServerError):
@@ -95,8 +99,9 @@ class SharedMemory:
     def __init__(self, shm_dir: Path = SHM_DIR) -> None:
         self.dir = shm_dir
         self.ledger: Path | None = None
-        self.seen: dict[str, int] = {}  # name -> inode the run's processes had
+        self.seen: dict[str, int] = {}  # name -> inode the run's processes had (alive)
         self.problems: list[str] = []
+        self._ledger_offset = 0  # where the ledger's unread lines start: each byte read once
         self._lock = threading.Lock()
 
     def environment(self, env: dict[str, str], run_dir: Path) -> dict[str, str]:
@@ -109,32 +114,62 @@ class SharedMemory:
         path = os.pathsep.join(p for p in (str(LEDGER_PATH_DIR), env.get("PYTHONPATH")) if p)
         return {**env, "PYTHONPATH": path, LEDGER_ENV: str(self.ledger.resolve())}
 
-    def _ledger_entries(self) -> set[tuple[str, int]]:
-        """(name, inode) of each segment the run's processes wrote into the ledger."""
-        if self.ledger is None or not self.ledger.is_file():
-            return set()
-        entries = set()
-        for line in self.ledger.read_text(errors="replace").splitlines():
-            name, _, inode = line.rpartition(" ")
-            if name and "/" not in name and inode.isdigit():
-                entries.add((name, int(inode)))
-        return entries
+    def _new_ledger_lines(self) -> list[str]:
+        """The complete lines the ledger gained since the last call. Read from where the
+        last call stopped: a run's 20,000 transient semaphores are parsed once, not once a
+        second (a line still being written is left for the next call)."""
+        if self.ledger is None:
+            return []
+        try:
+            with self.ledger.open("rb") as ledger:
+                ledger.seek(self._ledger_offset)
+                data = ledger.read()
+        except OSError:
+            return []
+        complete = data[:data.rfind(b"\n") + 1]
+        self._ledger_offset += len(complete)
+        return complete.decode(errors="replace").splitlines()
+
+    def _read_ledger(self, uid: int) -> None:
+        """Apply the ledger's new lines (`created|unlinked <inode> <name>`, written by
+        `shm_ledger/sitecustomize.py`): a created segment still there is seen, an unlinked
+        one forgotten, so `seen` holds only what may still be alive (and one created and
+        unlinked between two reads is not even looked up)."""
+        created: dict[str, int] = {}
+        for line in self._new_ledger_lines():
+            event, _, rest = line.partition(" ")
+            inode, _, name = rest.partition(" ")
+            if not inode.isdigit() or not name or "/" in name:
+                continue
+            if event == "created":
+                created[name] = int(inode)
+            elif event == "unlinked":
+                for alive in (created, self.seen):
+                    if alive.get(name) == int(inode):
+                        del alive[name]
+        for name, inode in created.items():
+            self._see(name, inode, uid)
+
+    def _see(self, name: str, inode: int, uid: int) -> None:
+        """Record `name` if it still carries `inode` and is a file of this user's."""
+        try:
+            info = os.lstat(self.dir / name)
+        except OSError:
+            return  # gone already: nothing to remove
+        if info.st_ino == inode and info.st_uid == uid and stat.S_ISREG(info.st_mode):
+            self.seen[name] = inode
 
     def sample(self, pids: Iterable[int]) -> None:
         """Record the segments `pids` (the run's processes) hold now that belong to this
-        user; call it while they run (a segment is proven the run's only by being seen)."""
+        user, and what the ledger gained; call it while they run (a segment is proven the
+        run's only by being seen)."""
         uid = os.geteuid()
-        found = held_segments(pids) | self._ledger_entries()
+        held = held_segments(pids)
         with self._lock:
-            for name, inode in found:
-                if name in self.seen:
-                    continue
-                try:
-                    info = os.lstat(self.dir / name)
-                except OSError:
-                    continue
-                if info.st_ino == inode and info.st_uid == uid and stat.S_ISREG(info.st_mode):
-                    self.seen[name] = inode
+            self._read_ledger(uid)
+            for name, inode in held:
+                if name not in self.seen:
+                    self._see(name, inode, uid)
 
     def cleanup(self) -> list[str]:
         """Remove the recorded segments that still carry their inode and that no live process
@@ -190,13 +225,18 @@ def _contains(folder: Path, inner: Path) -> bool:
     return inner == folder or inner.is_relative_to(folder)
 
 
+def flash_path(path: str | Path) -> Path:
+    """The folder a flash store's path names (LMCache takes a `file://` URL as well)."""
+    return Path(str(path).removeprefix("file://"))
+
+
 class DiskFolder:
     """The flash tier's folder, held under an exclusive lock for the run's life; removes the
     chunk files the run's processes wrote there and the folders it made."""
 
     def __init__(self, path: str | Path, keep_files: bool = False,
                  allow_existing: bool = False, run_dir: str | Path | None = None):
-        self.path = Path(str(path).removeprefix("file://"))
+        self.path = flash_path(path)
         self.keep_files, self.allow_existing = keep_files, allow_existing
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.before: dict[Path, FileId] = {}
@@ -232,6 +272,31 @@ class DiskFolder:
                                     f"not to this user (uid {os.geteuid()}): choose a folder "
                                     "of your own")
 
+    def _refuse_foreign_files(self) -> None:
+        """Refuse a folder holding regular files (unless allowed): the run could not tell
+        them from its own. Counted only up to `FILES_COUNTED_AT_MOST`."""
+        if self.allow_existing:
+            return
+        found = sum(1 for _ in itertools.islice(self._files(), FILES_COUNTED_AT_MOST))
+        if found:
+            count = f"at least {found}" if found == FILES_COUNTED_AT_MOST else str(found)
+            raise FolderRefused(
+                f"flash folder {self.path} already holds {count} file(s) this run did not "
+                "create; empty it, choose another path, or allow it (store "
+                "allow_existing_files: true)")
+
+    def check(self) -> None:
+        """FolderRefused where `prepare` would refuse the folder, found without making,
+        locking or writing anything: `kvrepro doctor` calls it, so that the preflight and
+        the run can never disagree about a folder."""
+        self._refuse_unsafe()
+        if not self.path.is_dir():
+            return  # the run makes it: new, so empty and nobody else's
+        if FolderLock.is_held(self.path / LOCK_NAME):
+            raise FolderRefused(f"flash folder {self.path} is in use by another run (its lock "
+                                f"{self.path / LOCK_NAME} is held); choose another path")
+        self._refuse_foreign_files()
+
     def prepare(self) -> None:
         """Make the folder, take its lock, and note what it already holds; refuse a folder in
         use, unsafe, or (unless allowed) holding files this run did not create."""
@@ -241,12 +306,8 @@ class DiskFolder:
         self.created_dirs = [(p, os.stat(p).st_ino) for p in missing]
         self._take_lock()
         try:
+            self._refuse_foreign_files()
             self.before = {path: FileId.of(info) for path, info in self._files()}
-            if self.before and not self.allow_existing:
-                raise FolderRefused(
-                    f"flash folder {self.path} already holds {len(self.before)} file(s) this "
-                    "run did not create; empty it, choose another path, or allow it (store "
-                    "allow_existing_files: true)")
         except BaseException:
             self._release()
             raise

@@ -35,10 +35,15 @@ class ServerError(RuntimeError):
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True when something already listens on host:port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.settimeout(0.5)
-        return sock.connect_ex((host, port)) == 0
+    """True when something already listens on host:port, at any address `host` resolves to
+    (IPv4 or IPv6: `::1` too); socket.gaierror (an OSError) when `host` does not resolve."""
+    for family, kind, proto, _name, address in socket.getaddrinfo(host, port,
+                                                                  type=socket.SOCK_STREAM):
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(address) == 0:
+                return True
+    return False
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")

@@ -31,7 +31,7 @@ from kvrepro.engines.live.placement import (
     pinned_client,
 )
 from kvrepro.engines.live.server import ServerError, VllmServer
-from kvrepro.engines.live.tiers import TierConfig, live_tier
+from kvrepro.engines.live.tiers import TierConfig, live_tier, server_record
 from kvrepro.engines.run_result import DRAIN_TIMEOUT_S, RunResult
 from kvrepro.records import RunWriter, read_run
 from kvrepro.tier_spec import ServerSpec
@@ -86,7 +86,7 @@ async def _drive(server: VllmServer, workload: Workload, writer: RunWriter,
 
 
 def _meta(tier: TierConfig, workload: Workload, options: LiveOptions) -> dict[str, Any]:
-    return {"engine": "live", "tier": tier.name, "tier_config": tier.model_dump(),
+    return {"engine": "live", "tier": tier.name, "tier_config": tier.meta_record(),
             "workload": workload.spec, "workload_digest": workload.digest(),
             "options": {k: v for k, v in vars(options).items() if k != "python"}}
 
@@ -100,7 +100,7 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
     run_dir = Path(run_dir)
     meta = _meta(tier, workload, options)
     if server is not None:
-        meta["server_spec"] = server.model_dump(mode="json")
+        meta["server_spec"] = server_record(server)
     meta["started_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
     with RunWriter(run_dir, meta) as writer:
         with VllmServer(tier, run_dir, python=options.python) as deployed:

@@ -45,6 +45,7 @@ from kvrepro.engines.live.processes import (
     wait_gone,
 )
 from kvrepro.engines.live.tiers import (
+    REDACTED,
     TINY_MODEL,
     TierConfig,
     format_command,
@@ -77,11 +78,22 @@ class DeployPlan:
     commands: dict[str, list[str]]  # what -> command line ("vLLM", "LMCache server", ...)
     env: dict[str, str]  # set on top of the caller's environment (not the whole environment)
     files: list[Path]  # written into the run folder
+    secret: frozenset[str] = frozenset()  # keys of `env` whose values no file or screen shows
+
+    def shown_env(self) -> dict[str, str]:
+        """`env` as env.json, dry_run.txt and the screen show it: the `secret` values (the
+        spec's `live.env`, `kvrepro.engines.live.tiers.REDACTED`) redacted."""
+        return {key: REDACTED if key in self.secret else value
+                for key, value in self.env.items()}
+
+    def write_env(self, path: Path) -> None:
+        """env.json: the shown environment."""
+        path.write_text(json.dumps(self.shown_env(), indent=2) + "\n")
 
     def describe(self) -> str:
         """The plan as a person reads it: commands, environment, the LMCache config."""
         lines = [f"{what}: {format_command(command)}" for what, command in self.commands.items()]
-        lines += [f"env: {key}={value}" for key, value in self.env.items()]
+        lines += [f"env: {key}={value}" for key, value in self.shown_env().items()]
         for path in self.files:
             if path.name == "lmcache.yaml":
                 lines.append(f"{path}:")
@@ -165,10 +177,11 @@ class VllmServer(StartedOnEnter):
             files.append(self.run_dir / "lmcache_command.txt")
             files[-1].write_text(format_command(commands["LMCache server"]) + "\n")
         files[0].write_text(format_command(command) + "\n")
-        files[1].write_text(self.tier.model_dump_json(indent=2))
+        files[1].write_text(json.dumps(self.tier.meta_record(), indent=2))
         files.append(self.run_dir / "env.json")
-        files[-1].write_text(json.dumps(env, indent=2) + "\n")
-        return DeployPlan(commands, env, files)
+        plan = DeployPlan(commands, env, files, secret=frozenset(self.tier.env))
+        plan.write_env(files[-1])
+        return plan
 
     def _start_lmcache(self, command: list[str], env: dict[str, str]) -> None:
         self.lmcache = ManagedProcess(

@@ -30,11 +30,29 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro.tier_spec import TINY_MODEL, Placement, ServerSpec, TierSpec, load_server
 
-__all__ = ["TINY_MODEL", "LMCacheMPSettings", "LMCacheSettings", "TierConfig", "format_command",
-           "live_tier", "live_tiers", "lmcache_config", "lmcache_server_args",
-           "lmcache_server_command", "load_tiers", "server_args", "server_command"]
+__all__ = ["REDACTED", "TINY_MODEL", "LMCacheMPSettings", "LMCacheSettings", "TierConfig",
+           "format_command", "live_tier", "live_tiers", "lmcache_config", "lmcache_server_args",
+           "lmcache_server_command", "load_tiers", "redacted_env", "server_args",
+           "server_command", "server_record"]
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+REDACTED = "<redacted>"
+"""What a file or a screen shows for a value of a spec's `live.env`. Every value is treated
+as a secret (a token, a key, a private path: the spec's env is the user's), so no spec has to
+mark one: the names are written, the values go only to the server processes' environment."""
+
+
+def redacted_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with every value replaced by `REDACTED` (the names kept)."""
+    return dict.fromkeys(env, REDACTED)
+
+
+def server_record(server: ServerSpec) -> dict[str, Any]:
+    """The server spec as a run's meta.json keeps it: its `live.env` values redacted."""
+    tree = server.model_dump(mode="json")
+    tree["live"]["env"] = redacted_env(server.live.env)
+    return tree
 
 
 class LMCacheSettings(BaseModel):
@@ -107,6 +125,11 @@ class TierConfig(BaseModel):
     keep_disk_files: bool = Field(False, description="leave the files the run wrote there")
     allow_existing_disk_files: bool = Field(False, description="serve from a folder that "
                                             "already holds files")
+
+    def meta_record(self) -> dict[str, Any]:
+        """The tier as files record it (meta.json `tier_config`, tier.json): every `env`
+        value redacted (`redacted_env`); the real values go only to its processes."""
+        return {**self.model_dump(mode="json"), "env": redacted_env(self.env)}
 
     @model_validator(mode="after")
     def _tier_has_its_settings(self) -> TierConfig:
