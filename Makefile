@@ -85,7 +85,7 @@ test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest -m live --durations=10
 	$(BIN)/pytest -m "not live" -n $(TEST_JOBS) --dist loadfile
-	$(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
+	KVREPRO_STRICT_FIGURES=1 $(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
 
 lint: install-dev
 	$(BIN)/ruff check kvrepro tests benchmarks

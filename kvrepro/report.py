@@ -33,6 +33,7 @@ import pandas as pd
 
 from kvrepro.studies.provenance import KINDS, count_by_kind
 from kvrepro.studies.reference import _fmt as format_number
+from kvrepro.studies.reference import diff_text
 
 REPORT_HTML = "report.html"
 """The report's file name inside runs/<UTC timestamp>/."""
@@ -73,6 +74,7 @@ class Image:
     name: str
     modified: str
     data_uri: str
+    measured_here: bool = False  # measured on the machine that ran it (plots.MEASURED_HERE)
 
 
 @dataclass
@@ -110,9 +112,13 @@ def figure_id(name: str) -> str | None:
 
 
 def _images(figures_dir: Path) -> list[Image]:
-    if not figures_dir.is_dir():
-        return []
-    return [Image(p.name, _mtime(p), png_data_uri(p)) for p in sorted(figures_dir.glob("*.png"))]
+    """The tracked figures, then those a run measured on its own machine, by name."""
+    from kvrepro.plots import MEASURED_HERE
+
+    found = [(p, False) for p in figures_dir.glob("*.png")]
+    found += [(p, True) for p in (figures_dir / MEASURED_HERE).glob("*.png")]
+    return [Image(p.name, _mtime(p), png_data_uri(p), here)
+            for p, here in sorted(found, key=lambda item: item[0].name)]
 
 
 def _mtime(path: Path) -> str:
@@ -141,14 +147,24 @@ def _closeness(diff_pct: float) -> str:
     return "near" if abs(diff_pct) <= _NEAR_PCT else "far"
 
 
+_BOUND_WORD = {"at most": "≤ ", "at least": "≥ "}
+
+
+def _bound(row: Any) -> str:
+    bound = getattr(row, "bound", "")
+    return bound if isinstance(bound, str) else ""
+
+
 def headline_rows(table: pd.DataFrame) -> list[dict[str, str]]:
     """The headline table's rows as display strings, with a CSS class for the difference."""
     rows = []
     for row in table.itertuples(index=False):
-        diff = float(row.rel_diff_pct)
+        diff, bound = float(row.rel_diff_pct), _bound(row)
         rows.append({"id": str(row.id), "quantity": str(row.quantity), "unit": str(row.unit),
-                     "study": _number(row.study), "reproduced": _number(row.reproduced),
-                     "diff": _show(diff, "{:+.1f} %"), "closeness": _closeness(diff),
+                     "study": f"{_BOUND_WORD.get(bound, '')}{_number(row.study)}",
+                     "reproduced": _number(row.reproduced),
+                     "diff": "—" if math.isnan(diff) else diff_text(diff, bound),
+                     "closeness": _closeness(diff),
                      "kind": str(row.kind), "why": "" if pd.isna(row.why) else str(row.why),
                      "source": "" if pd.isna(row.source) else str(row.source)})
     return rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvrepro.plots import MEASURED_HERE
 from kvrepro.reproduce import reproduce
 from kvrepro.storage.profile import load_flash_profile
 from tests.conftest import NOTEBOOKS
@@ -14,7 +15,8 @@ SMALL = {"file_size_gib": 0.0625, "point_runtime_s": 0.2, "block_sizes": [65536]
 def test_storage_notebook_small(tmp_path) -> None:
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["11_storage"], SMALL)
     assert not result.failures, result.failures
-    figures = {p.name for p in (tmp_path / "fig").iterdir()}
+    assert not any((tmp_path / "fig").glob("*.png"))  # measured here: not a tracked figure
+    figures = {p.name for p in (tmp_path / "fig" / MEASURED_HERE).iterdir()}
     for name in ("B5-ssd-parallelism", "B9-chunk-io-latency", "B10-io-queue-depth",
                  "B6-measured-flash"):
         assert f"{name}.png" in figures
@@ -34,7 +36,8 @@ def test_storage_notebook_for_another_model_skips_study_b(tmp_path) -> None:
     params = {**SMALL, "model": "MiniMax-M2.7-FP8-KV-BF16", "n_chunks": 3}
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["11_storage"], params)
     assert not result.failures, result.failures
-    assert "B6-measured-flash.png" not in {p.name for p in (tmp_path / "fig").iterdir()}
+    here = {p.name for p in (tmp_path / "fig" / MEASURED_HERE).iterdir()}
+    assert "B6-measured-flash.png" not in here
     assert set(result.headlines.id) == {"B9.ssd_chunk_ms_low", "B9.ssd_chunk_ms_high"}
     measured = load_flash_profile(result.run_dir / "11_storage_fio" / "measured_flash_profile.yaml")
     assert measured.chunk_bytes == 256 * 253_952

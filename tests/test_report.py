@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html.parser
 import re
+import subprocess
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -197,3 +198,25 @@ def test_report_shows_the_fitted_residuals_and_the_explained_misses(run_dir: Pat
         assert ref_id in text
     assert "no queue & no load <while VRAM holds>" in text  # escaped, shown as text
     assert "04_sim_study_a" in text
+
+
+def test_a_figure_measured_here_is_shown_as_such_and_kept_out_of_the_tracked_ones(
+        run_dir: Path) -> None:
+    """fio figures change with every run: they go to figures/this-machine/ (ignored by git,
+    so a fresh clone's `make reproduce` reports a clean commit) and the report says where
+    they come from."""
+    from kvrepro.plots import MEASURED_HERE, save_figure
+
+    figures = run_dir.parents[1] / "figures"
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    paths = save_figure(fig, figures, "B5-ssd-parallelism", measured_here=True)
+    assert {p.parent.name for p in paths} == {MEASURED_HERE}
+    source = write_report(run_dir, figures).read_text()
+    b5 = re.search(r'id="fig-B5">(.*?)</section>', source, re.S).group(1)
+    assert 'alt="B5-ssd-parallelism.png"' in b5 and "measured on this machine" in b5
+    a7 = re.search(r'id="fig-A7">(.*?)</section>', source, re.S).group(1)
+    assert "measured on this machine" not in a7
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"figures/{MEASURED_HERE}/x.png"],
+                             cwd=NOTEBOOKS.parent)
+    assert ignored.returncode == 0

@@ -6,6 +6,7 @@ Notebooks call `save_figure(fig, figures_dir, "A6-kv-capacity")`, which writes P
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -32,9 +33,24 @@ def set_theme() -> None:
                       "svg.fonttype": "none", "svg.hashsalt": "kvrepro"})
 
 
-def save_figure(fig: plt.Figure, figures_dir: str | Path, name: str) -> list[Path]:
-    """Write `name`.png and `name`.svg into `figures_dir` and return both paths."""
-    out = Path(figures_dir)
+MEASURED_HERE = "this-machine"
+"""The sub-folder of `figures_dir` for figures of what a run measures on the machine it runs
+on (fio on its drive): they change with every run, so they are kept out of the tracked
+`figures/` (git ignores `figures/this-machine/`) and a fresh clone's report names a clean
+commit; the report shows them as measured on this machine."""
+
+
+def save_figure(fig: plt.Figure, figures_dir: str | Path, name: str,
+                measured_here: bool = False) -> list[Path]:
+    """Write `name`.png and `name`.svg into `figures_dir` (into its `MEASURED_HERE` folder
+    when the figure shows a measurement of this machine) and return both paths. The figure
+    is checked for text over text and text cut off first (`legibility.check_legible`): a
+    warning, or an error where `KVREPRO_STRICT_FIGURES=1` (the notebooks under `make test`)."""
+    from kvrepro.plots.legibility import check_legible
+
+    for problem in check_legible(fig, name):
+        warnings.warn(f"figure {name}: {problem}", stacklevel=2)
+    out = Path(figures_dir) / (MEASURED_HERE if measured_here else "")
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     for path in paths:

@@ -3,6 +3,8 @@ reuse hit ratios (data from `kvrepro.analysis.block_traces`)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 import matplotlib.ticker as mticker
 import numpy as np
@@ -81,7 +83,7 @@ def kv_write_volume(df: pd.DataFrame, reference_tb_per_day: float | None = None)
     per_day = df.groupby("trace", sort=False)[
         ["first_write_bytes", "rewrite_bytes", "covered_s"]].sum()
     scale = 86_400 / per_day.covered_s / 1e12
-    names = list(per_day.index)
+    names = [textwrap.fill(str(name), 18) for name in per_day.index]
     first, rewrite = per_day.first_write_bytes * scale, per_day.rewrite_bytes * scale
     right.bar(names, first, color="#1f77b4", label="first write")
     right.bar(names, rewrite, bottom=first, color="#ff7f0e", label="rewrite after TTL")

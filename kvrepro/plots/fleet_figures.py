@@ -21,7 +21,8 @@ SOURCE_COLORS = {"gpu": "#029e73", "staging": "#de8f05", "flash": "#d55e00", "dr
 
 
 def _label(row: pd.Series) -> str:
-    return f"{row['routing'].replace('_', ' ')}\n{row['kv_pool']}"
+    """Routing over pool, each word on its own line: six of them side by side stay legible."""
+    return "\n".join([*row["routing"].split("_"), row["kv_pool"]])
 
 
 def fleet_policies(table: pd.DataFrame, stores: tuple[str, ...] = ("staging", "flash"),
@@ -39,7 +40,7 @@ def fleet_policies(table: pd.DataFrame, stores: tuple[str, ...] = ("staging", "f
              color=[POOL_COLORS.get(p, "0.5") for p in table["kv_pool"]])
     left.set(xticks=x, ylabel="tok/s per server (prompt + output)",
              title="Throughput per server")
-    left.set_xticklabels(labels, fontsize=10, rotation=30, ha="right")
+    left.set_xticklabels(labels, fontsize=10)
     bottom = np.zeros(len(table))
     for col, source in zip(shares, ("gpu", *stores), strict=True):
         values = table[col].fillna(0.0).to_numpy(float) * 100
@@ -49,8 +50,8 @@ def fleet_policies(table: pd.DataFrame, stores: tuple[str, ...] = ("staging", "f
     right.bar(x, 100 - bottom, bottom=bottom, color="0.9", label="computed")
     right.set(xticks=x, ylabel="% of prompt tokens", ylim=(0, 100),
               title="Prompt tokens by source")
-    right.set_xticklabels(labels, fontsize=10, rotation=30, ha="right")
-    right.legend(fontsize=11, loc="lower right", frameon=True)
+    right.set_xticklabels(labels, fontsize=10)
+    right.legend(fontsize=11, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.suptitle(title, x=0.01, ha="left", fontweight="bold")
     fig.tight_layout()
     return fig

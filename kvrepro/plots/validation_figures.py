@@ -2,12 +2,14 @@
 
 Input is the tidy table of `kvrepro.calibration.validate.validation_table` (run, tier, metric, live,
 sim, error, error_unit, ...): the error in percent, or in percentage points for a share. One
-panel per metric, paired bars live / sim per (run, tier), the error written over each pair
-and set in red when it misses the tolerance (in the row's unit), so the reader sees at a
-glance which numbers the simulator reproduces and which it does not.
+panel per metric, paired horizontal bars live / sim per (run, tier), each row named once at the
+left, so that twenty runs with long names stay legible; the errors are shown once, in the
+grid of figure `sim-validation-errors` (blue low, red high, bold beyond the tolerance).
 """
 
 from __future__ import annotations
+
+import textwrap
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -64,57 +66,59 @@ def label_colour(background: str | tuple[float, ...]) -> str:
     return "black" if on_black >= on_white else "white"
 
 
-def _panel(ax: Axes, part: pd.DataFrame, metric: str, tolerance_pct: float) -> None:
-    """Paired bars of one metric, errors annotated over each pair."""
-    title, ylabel, scale = METRIC_AXES.get(metric, (metric, "", 1.0))
-    x, width = np.arange(len(part)), 0.38
-    live, sim = part["live"].to_numpy(float) * scale, part["sim"].to_numpy(float) * scale
-    ax.bar(x - width / 2, live, width, color=LIVE_COLOR)
-    ax.bar(x + width / 2, sim, width, color=SIM_COLOR)
-    top = np.nanmax(np.r_[live, sim, 0.0])
-    units = part["error_unit"].tolist()
-    for i, err in enumerate(part["error"].to_numpy(float)):
-        miss = not np.isfinite(err) or abs(err) > tolerance_pct
-        ax.text(x[i], np.nanmax([live[i], sim[i], 0.0]) + 0.03 * top,
-                _error_label(err, units[i]),
-                ha="center",
-                va="bottom", fontsize=13, fontweight="bold",
-                color=MISS_COLOR if miss else "0.2")
-    ax.set_xticks(x, [f"{r}\n{t}" for r, t in zip(part["run"], part["tier"], strict=True)],
-                  fontsize=12)
-    ax.set_ylim(0, top * 1.2 if top > 0 else 1.0)
-    ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: _value_label(v)))
-    ax.set(title=title, ylabel=ylabel, xlabel="")
-    ax.title.set_fontsize(16)
+def _panel(ax: Axes, part: pd.DataFrame, metric: str, labels: list[str]) -> None:
+    """Paired horizontal bars of one metric, one row per (run, tier) in `labels`' order; a
+    row without the metric stays empty."""
+    title, unit, scale = METRIC_AXES.get(metric, (metric, "", 1.0))
+    rows = part.assign(label=_row_labels(part)).set_index("label").reindex(labels)
+    y, height = np.arange(len(labels)), 0.4
+    ax.barh(y - height / 2, rows["live"].to_numpy(float) * scale, height, color=LIVE_COLOR)
+    ax.barh(y + height / 2, rows["sim"].to_numpy(float) * scale, height, color=SIM_COLOR)
+    ax.set_yticks(y, labels)
+    ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top, as in the table
+    ax.xaxis.set_major_locator(plt.MaxNLocator(4))
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: _value_label(v)))
+    ax.set_title(title, fontsize=15, loc="left")
+    ax.set_xlabel(unit, fontsize=12)
+    ax.tick_params(labelsize=11)
+
+
+def _row_labels(table: pd.DataFrame) -> list[str]:
+    return [f"{r} · {t}" for r, t in zip(table["run"], table["tier"], strict=True)]
 
 
 def sim_validation(table: pd.DataFrame, tolerance_pct: float = 20.0,
-                   title: str = "Simulator vs live engine") -> plt.Figure:
+                   title: str = "Simulator vs live engine",
+                   errors_figure: str = "sim-validation-errors") -> plt.Figure:
     """Live vs simulated value of every metric, run and tier (figure `sim-validation`).
 
     `table`: tidy rows (run, tier, metric, live, sim, error, error_unit), metrics in table
-    order; values in the table's units (seconds, tok/s, fraction), drawn in ms, tok/s and %;
-    `tolerance_pct` applies in each row's unit (% or pp).
+    order; values in the table's units (seconds, tok/s, fraction), drawn in ms, tok/s and %.
+    One panel per metric, one row per (run, tier) named once at the left of each panel row;
+    the errors are not written here but once, in the grid `errors_figure` names
+    (`sim_validation_errors`; `tolerance_pct` is named in the subtitle for its bold labels).
     """
     require_columns(table, ["run", "tier", "metric", "live", "sim", "error", "error_unit"],
                     "sim-validation")
     metrics = list(dict.fromkeys(table["metric"]))
-    ncols = 2 if len(metrics) > 1 else 1
+    labels = list(dict.fromkeys(_row_labels(table)))
+    ncols = min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(14, 4.6 * nrows + 1.2), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(15, (0.3 * len(labels) + 1.4) * nrows + 1.1),
+                             squeeze=False, sharey=True)
     for ax, metric in zip(axes.flat, metrics, strict=False):
-        _panel(ax, table[table["metric"] == metric], metric, tolerance_pct)
+        _panel(ax, table[table["metric"] == metric], metric, labels)
     for ax in list(axes.flat)[len(metrics):]:
         ax.set_visible(False)
     handles = [Patch(color=LIVE_COLOR, label="live engine"),
                Patch(color=SIM_COLOR, label="simulator")]
-    fig.legend(handles=handles, loc="upper left", ncol=2, fontsize=13, frameon=False,
-               bbox_to_anchor=(0.0, 0.98))
-    fig.suptitle(title, fontsize=18, fontweight="bold", x=0.01, ha="left", y=0.995)
-    fig.text(0.99, 0.958, f"over each pair: simulator's error vs live "
-             f"(orange: beyond ±{tolerance_pct:g} %, pp for shares)", ha="right",
-             va="center", fontsize=13, color="0.25")
-    fig.tight_layout(rect=(0, 0, 1, 0.975))
+    fig.legend(handles=handles, loc="upper right", ncol=2, fontsize=12, frameon=False,
+               bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(title, fontsize=17, fontweight="bold", x=0.01, ha="left", y=0.995)
+    fig.text(0.01, 0.995 - 0.45 / fig.get_figheight(), "each row: one run · tier; the "
+             f"simulator's errors (and which miss ±{tolerance_pct:g} %, pp for shares) are "
+             f"in figure {errors_figure}", ha="left", va="top", fontsize=12, color="0.25")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.8 / fig.get_figheight()))
     return fig
 
 
@@ -143,7 +147,7 @@ def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
     informative = (pivot("informative").reindex(index=grid.index, columns=order)
                    if "informative" in table else None)
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.35 * grid.shape[1] + 3, 0.5 * grid.shape[0] + 2.2))
+        _, ax = plt.subplots(figsize=(1.6 * grid.shape[1] + 3.5, 0.42 * grid.shape[0] + 2.6))
     values = grid.to_numpy(float)
     cmap, norm = plt.get_cmap("RdBu_r"), Normalize(-ERROR_SPAN, ERROR_SPAN)
     ax.imshow(np.clip(values, -ERROR_SPAN, ERROR_SPAN), cmap=cmap, norm=norm, aspect="auto")
@@ -156,12 +160,14 @@ def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
         ax.text(j, i, label, ha="center", va="center", fontsize=10,
                 color=label_colour(cmap(norm(np.clip(err, -ERROR_SPAN, ERROR_SPAN)))),
                 fontweight="bold" if abs(err) > tolerance_pct else "normal")
-    ax.set_xticks(range(grid.shape[1]),
-                  [METRIC_AXES.get(m, (m,))[0] for m in grid.columns], rotation=30, ha="right")
-    ax.set_yticks(range(grid.shape[0]), [f"{r} · {t}" for r, t in grid.index])
-    ax.set_title(f"Simulator's signed error vs live (% or pp for shares; bold: beyond "
-                 f"±{tolerance_pct:g}; (in parentheses): a null twin gets as close; "
-                 "blank: does not apply)", fontsize=11, loc="left")
+    ax.set_xticks(range(grid.shape[1]), [textwrap.fill(METRIC_AXES.get(m, (m,))[0], 11)
+                                         for m in grid.columns], fontsize=10)
+    ax.set_yticks(range(grid.shape[0]), [f"{r} · {t}" for r, t in grid.index], fontsize=11)
+    ax.grid(False)  # the theme's grid would run through the labels of the cells
+    ax.set_title(textwrap.fill(
+        f"Simulator's signed error vs live (% or pp for shares; bold: beyond "
+        f"±{tolerance_pct:g}; (in parentheses): a null twin gets as close; blank: does not "
+        "apply)", 18 * grid.shape[1]), fontsize=11, loc="left")
     ax.figure.tight_layout()
     return ax.figure
 

@@ -15,7 +15,27 @@ from kvrepro._paths import data_file
 from kvrepro.studies.provenance import headline_kinds
 
 HEADLINE_COLUMNS = ["id", "figure", "quantity", "unit", "study", "reproduced", "rel_diff_pct",
-                    "kind", "why", "source"]
+                    "kind", "why", "source", "bound"]
+BOUNDS = {"upper bound": "at most", "lower bound": "at least"}
+"""A reference row whose note starts so states a bound, not a value (`bound` column): the
+reproduced number meets it or lies beyond it by `rel_diff_pct`; 0 where it meets it, so a
+number well inside the bound (a spread of 0 % under "at most 1 %") never reads as a miss."""
+
+
+def bound_of(note: object) -> str:
+    """"at most", "at least" or "" for a reference row's note."""
+    text = str(note) if isinstance(note, str) else ""
+    return next((b for prefix, b in BOUNDS.items() if text.startswith(prefix)), "")
+
+
+def _rel_diff_pct(value: float, study: float, bound: str) -> float:
+    """Relative difference in % of the study's value; for a bound, only the excess beyond it."""
+    if not study:
+        return float("nan")
+    rel = (value - study) / abs(study) * 100
+    if (bound == "at most" and rel <= 0) or (bound == "at least" and rel >= 0):
+        return 0.0
+    return rel
 
 
 @lru_cache(maxsize=1)
@@ -42,12 +62,12 @@ def compare(reproduced: Mapping[str, float], source: str = "",
     rows = []
     kinds = headline_kinds(list(reproduced), kind)
     for (ref_id, value), (row_kind, why) in zip(reproduced.items(), kinds, strict=True):
-        study = float(ref.at[ref_id, "value"])
-        rel = (float(value) - study) / abs(study) * 100 if study else float("nan")
+        study, bound = float(ref.at[ref_id, "value"]), bound_of(ref.at[ref_id, "note"])
         rows.append({"id": ref_id, "figure": ref.at[ref_id, "figure"],
                      "quantity": ref.at[ref_id, "quantity"], "unit": ref.at[ref_id, "unit"],
-                     "study": study, "reproduced": float(value), "rel_diff_pct": rel,
-                     "kind": row_kind, "why": why, "source": source})
+                     "study": study, "reproduced": float(value),
+                     "rel_diff_pct": _rel_diff_pct(float(value), study, bound),
+                     "kind": row_kind, "why": why, "source": source, "bound": bound})
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 
 
@@ -95,14 +115,27 @@ def _fmt(value: float) -> str:
     return f"{value:.4g}"
 
 
+_BOUND_SIGN = {"at most": "<= ", "at least": ">= "}
+
+
+def diff_text(rel_diff_pct: float, bound: str = "") -> str:
+    """A difference as shown: "+4.2 %", or for a bound "meets it" / "+4.2 % beyond"."""
+    if bound and rel_diff_pct == 0:
+        return "meets bound"
+    text = f"{rel_diff_pct:+.1f} %"
+    return f"{text} beyond" if bound else text
+
+
 def format_headlines(table: pd.DataFrame) -> str:
     """Plain-text table for the terminal: id, study value, reproduced value, difference,
     kind."""
     if table.empty:
         return "(no headline numbers were produced)"
+    bounds = table["bound"].fillna("") if "bound" in table else pd.Series("", table.index)
     shown = table.assign(
-        study=table.study.map(_fmt),
+        study=[f"{_BOUND_SIGN.get(b, '')}{_fmt(v)}" for v, b in zip(table.study, bounds,
+                                                                   strict=True)],
         reproduced=table.reproduced.map(_fmt),
-        rel_diff_pct=table.rel_diff_pct.map(lambda v: f"{v:+.1f} %"))
+        rel_diff_pct=[diff_text(v, b) for v, b in zip(table.rel_diff_pct, bounds, strict=True)])
     columns = ["id", "unit", "study", "reproduced", "rel_diff_pct", "kind", "source"]
     return shown[[c for c in columns if c in shown]].to_string(index=False)
