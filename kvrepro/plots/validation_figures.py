@@ -78,7 +78,7 @@ def _panel(ax: Axes, part: pd.DataFrame, metric: str, labels: list[str]) -> None
     ax.set_ylim(len(labels) - 0.5, -0.5)  # first row on top, as in the table
     ax.xaxis.set_major_locator(plt.MaxNLocator(4))
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: _value_label(v)))
-    ax.set_title(title, fontsize=15, loc="left")
+    ax.set_title(title, fontsize=14, loc="left")
     ax.set_xlabel(unit, fontsize=12)
     ax.tick_params(labelsize=11)
 
@@ -104,8 +104,8 @@ def sim_validation(table: pd.DataFrame, tolerance_pct: float = 20.0,
     labels = list(dict.fromkeys(_row_labels(table)))
     ncols = min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(15, (0.3 * len(labels) + 1.4) * nrows + 1.1),
-                             squeeze=False, sharey=True)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(12, (0.26 * len(labels) + 1.4) * nrows + 1.1),
+                             squeeze=False, sharey=True)  # 12 in: read at the report's 960 px
     for ax, metric in zip(axes.flat, metrics, strict=False):
         _panel(ax, table[table["metric"] == metric], metric, labels)
     for ax in list(axes.flat)[len(metrics):]:
@@ -147,7 +147,7 @@ def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
     informative = (pivot("informative").reindex(index=grid.index, columns=order)
                    if "informative" in table else None)
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.6 * grid.shape[1] + 3.5, 0.42 * grid.shape[0] + 2.6))
+        _, ax = plt.subplots(figsize=(1.15 * grid.shape[1] + 3.5, 0.42 * grid.shape[0] + 2.6))
     values = grid.to_numpy(float)
     cmap, norm = plt.get_cmap("RdBu_r"), Normalize(-ERROR_SPAN, ERROR_SPAN)
     ax.imshow(np.clip(values, -ERROR_SPAN, ERROR_SPAN), cmap=cmap, norm=norm, aspect="auto")
@@ -167,7 +167,7 @@ def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
     ax.set_title(textwrap.fill(
         f"Simulator's signed error vs live (% or pp for shares; bold: beyond "
         f"±{tolerance_pct:g}; (in parentheses): a null twin gets as close; blank: does not "
-        "apply)", 18 * grid.shape[1]), fontsize=11, loc="left")
+        "apply)", 14 * grid.shape[1]), fontsize=11, loc="left")
     ax.figure.tight_layout()
     return ax.figure
 
