@@ -360,6 +360,35 @@ def test_figures_draw_and_check_columns() -> None:
         efigs.a9_tokens_per_dollar(_binned({"dram": [1.0]}))
 
 
+def test_a9_figures_read_at_report_size() -> None:
+    """One legend below both panels (the cross-over a legend entry, not text over the lines),
+    no text over text, and a tier's line that stops is marked and named."""
+    from kvrepro.plots.legibility import text_problems
+
+    prices = _hand_prices()
+    retention = ec.Retention(kv_rate_tok_s=1000, kv_bytes_per_token=1e5, kv_cache_bytes=12e9,
+                             staging_gb=64, drive_tb=10, raid_level="RAID10")
+    table = ec.tokens_per_dollar_vs_ttl(np.arange(60, 12_001, 60),
+                                        {"baseline": 1.0, "dram": 2.0, "flash": 2.0},
+                                        retention, HAND_BILL, prices)
+    fig = efigs.a9_tokens_per_dollar_vs_ttl(table, ec.crossover_ttl_s(table), "prices s")
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:3] == ["baseline", "dram",
+                                                                       "flash"]
+    assert fig.legends[0].get_texts()[3].get_text().startswith("flash ahead from TTL")
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert notes == ["DRAM slots full", "VRAM full"]
+    assert fig.get_figwidth() <= 9 and not text_problems(fig)
+    binned = _binned({"baseline": [1.0] * 4, "dram": [3.0, 3.0, 1.0, 1.0],
+                      "flash": [2.0] * 4})
+    tiers = {"baseline": ec.TierHardware(name="baseline"),
+             "dram": ec.TierHardware(name="dram", dram_gb=500),
+             "flash": ec.TierHardware(name="flash", dram_gb=50, drives=4, drive_tb=10)}
+    per_dollar = ec.tokens_per_dollar(binned, ec.cost_table(tiers, HAND_BILL, prices))
+    fig = efigs.a9_tokens_per_dollar(per_dollar, 600.0)
+    assert fig.legends[0].get_texts()[-1].get_text() == "flash ahead (whole server) from 10 min"
+    assert not [t for ax in fig.axes for t in ax.texts] and not text_problems(fig)
+
+
 def test_economics_notebook(tmp_path) -> None:
     params = {"duration_s": 1800.0, "max_ttl_s": 7200.0, "ttl_step_s": 300.0}
     result = reproduce(NOTEBOOKS, tmp_path / "fig", tmp_path / "runs", ["10_economics"], params)

@@ -55,6 +55,25 @@ def test_figure_has_units_and_title(records, figure_id, draw, units) -> None:
     assert _title(fig).startswith(f"{figure_id}  ")
 
 
+def test_title_names_another_run(records) -> None:
+    """A live run of this package passes its own title: no study figure id on it."""
+    draws = [runs.a2_total_throughput(an.throughput_over_time(records), title="Live: a2"),
+             runs.a3_output_throughput(an.throughput_over_time(records), title="Live: a3"),
+             runs.a4_ttft_over_time(an.ttft_over_time(records), title="Live: a4"),
+             runs.a5_returning_users(an.resume_stats(records), title="Live: a5")]
+    assert [_title(fig) for fig in draws] == ["Live: a2", "Live: a3", "Live: a4", "Live: a5"]
+
+
+def test_a4_legend_sits_outside_the_data(records) -> None:
+    from kvrepro.plots.legibility import text_problems
+
+    fig = runs.a4_ttft_over_time(an.ttft_over_time(records), warmup_s=120, fill_time_s=600)
+    fig.canvas.draw()
+    ax, legend = fig.axes[0], fig.axes[0].get_legend()
+    assert legend.get_window_extent().x0 > ax.get_window_extent().x1
+    assert not text_problems(fig)
+
+
 def test_a2_lines_use_tier_colours_and_mark_phases(records) -> None:
     fig = runs.a2_total_throughput(an.throughput_over_time(records), warmup_s=120,
                                    fill_time_s=600)

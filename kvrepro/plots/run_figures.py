@@ -12,7 +12,9 @@ For study A pass `kvrepro.studies.study_a_headlines`' `study_a_rates`, `study_a_
 `study_a_resumes`, with the `StudyASettings` its headlines are read with: nothing here bins
 or smooths, so a figure and its headline numbers share one binning and smoothing.
 
-Time axes are run time in minutes (bin centres), as the study's figures are.
+Time axes are run time in minutes (bin centres), as the study's figures are. Titles default to
+the study's figure ids ("A2  ..."); a figure of another run (a live run of this package) passes
+its own `title`, so a reader never takes it for the study's figure.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from kvrepro.plots import TIER_COLORS, require_columns
 
 _ROLE_ORDER = ("baseline", "dram", "flash")
 _NORMAL_ALPHA = 0.35
+_OVER_TIME_SIZE = (8.0, 5.4)
+"""Size of the over-time figures: with the legend outside, about 1,100 px wide at 120 dpi, so
+the report's 960 px shows their 13 pt texts at 11 pt or more."""
 
 
 
@@ -57,19 +62,19 @@ def _mark_run_phases(ax: Axes, warmup_s: float | None, fill_time_s: float | None
     if warmup_s:
         ax.axvspan(0, warmup_s / 60, color="0.85", alpha=0.6, zorder=0, linewidth=0)
         ax.text(warmup_s / 60, 0.98, " warm-up", transform=ax.get_xaxis_transform(),
-                ha="left", va="top", fontsize=12, color="0.35")
+                ha="left", va="top", fontsize=13, color="0.35")
     if fill_time_s is not None and np.isfinite(fill_time_s):
         ax.axvline(fill_time_s / 60, color="0.25", linestyle="--", linewidth=1.5)
         ax.text(fill_time_s / 60, 0.98, f" {fill_label}\n ({fill_time_s / 60:.3g} min)",
-                transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=12,
+                transform=ax.get_xaxis_transform(), ha="left", va="top", fontsize=13,
                 color="0.25")
 
 
-def _rate_over_time(df: pd.DataFrame, column: str, ylabel: str, title: str,
+def _rate_over_time(df: pd.DataFrame, column: str, ylabel: str, figure_id: str, title: str,
                     warmup_s: float | None, fill_time_s: float | None,
                     fill_label: str) -> plt.Figure:
-    require_columns(df, ["tier", "bin_start_s", "bin_end_s", column], title.split()[0])
-    fig, ax = plt.subplots()
+    require_columns(df, ["tier", "bin_start_s", "bin_end_s", column], figure_id)
+    fig, ax = plt.subplots(figsize=_OVER_TIME_SIZE)
     for i, tier in enumerate(_tier_order(df["tier"])):
         part = df[df["tier"] == tier].sort_values("bin_start_s")
         ax.plot(_minutes(part), part[column], label=tier, color=_tier_color(tier, i),
@@ -87,29 +92,30 @@ def _rate_over_time(df: pd.DataFrame, column: str, ylabel: str, title: str,
 
 def a2_total_throughput(df: pd.DataFrame, warmup_s: float | None = None,
                         fill_time_s: float | None = None,
-                        fill_label: str = "DRAM tier full") -> plt.Figure:
+                        fill_label: str = "DRAM tier full",
+                        title: str = "A2  Total throughput over time") -> plt.Figure:
     """Prefill + decode tokens/s of the whole server over the run, one line per tier.
 
     Prompt tokens count whether computed or served from cache, as study A counts them.
     `warmup_s` shades the cache warm-up; `fill_time_s` marks when a tier filled.
     """
-    return _rate_over_time(df, "total_tok_s", "total throughput (tok/s)",
-                           "A2  Total throughput over time", warmup_s, fill_time_s,
-                           fill_label)
+    return _rate_over_time(df, "total_tok_s", "total throughput (tok/s)", "A2", title,
+                           warmup_s, fill_time_s, fill_label)
 
 
 def a3_output_throughput(df: pd.DataFrame, warmup_s: float | None = None,
                          fill_time_s: float | None = None,
-                         fill_label: str = "DRAM tier full") -> plt.Figure:
+                         fill_label: str = "DRAM tier full",
+                         title: str = "A3  Output throughput over time") -> plt.Figure:
     """Decode (output) tokens/s over the run, one line per tier."""
-    return _rate_over_time(df, "output_tok_s", "output throughput (tok/s)",
-                           "A3  Output throughput over time", warmup_s, fill_time_s,
-                           fill_label)
+    return _rate_over_time(df, "output_tok_s", "output throughput (tok/s)", "A3", title,
+                           warmup_s, fill_time_s, fill_label)
 
 
 def a4_ttft_over_time(df: pd.DataFrame, p90_band: bool = True, warmup_s: float | None = None,
                       fill_time_s: float | None = None,
-                      fill_label: str = "DRAM tier full") -> plt.Figure:
+                      fill_label: str = "DRAM tier full",
+                      title: str = "A4  Time to first token over time") -> plt.Figure:
     """Median TTFT per bin of send time (log scale), with an optional median-to-p90 band.
 
     Log scale because the tiers differ by orders of magnitude once the baseline recomputes:
@@ -117,7 +123,7 @@ def a4_ttft_over_time(df: pd.DataFrame, p90_band: bool = True, warmup_s: float |
     """
     needs = ["tier", "bin_start_s", "bin_end_s", "ttft_median_s"]
     require_columns(df, needs + (["ttft_p90_s"] if p90_band else []), "A4")
-    fig, ax = plt.subplots()
+    fig, ax = plt.subplots(figsize=_OVER_TIME_SIZE)
     for i, tier in enumerate(_tier_order(df["tier"])):
         part = df[df["tier"] == tier].sort_values("bin_start_s")
         part = part[part["ttft_median_s"] > 0]
@@ -127,16 +133,20 @@ def a4_ttft_over_time(df: pd.DataFrame, p90_band: bool = True, warmup_s: float |
             ax.fill_between(_minutes(part), part["ttft_median_s"], part["ttft_p90_s"],
                             color=color, alpha=0.18, linewidth=0)
     ax.set_yscale("log")
+    if warmup_s or fill_time_s is not None:  # headroom for the phase labels: 18 % of the decades
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high * (high / low) ** 0.18)
     _mark_run_phases(ax, warmup_s, fill_time_s, fill_label)
     ax.set_xlim(left=0)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set(xlabel="run time at send (min)", ylabel="median TTFT (s, log scale)",
-           title="A4  Time to first token over time")
+    ax.set(xlabel="run time at send (min)", ylabel="median TTFT (s, log scale)", title=title)
     handles, labels = ax.get_legend_handles_labels()
     if p90_band:
         handles.append(Patch(color="0.5", alpha=0.3, linewidth=0))
         labels.append("median to p90")
-    ax.legend(handles, labels, title="tier", fontsize=13, title_fontsize=13, loc="best")
+    # outside the axes, as A2's: inside, "best" lands on the p90 bands (it dodges lines only)
+    ax.legend(handles, labels, title="tier", fontsize=13, title_fontsize=13, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 
@@ -161,7 +171,8 @@ def _a5_bars(ax: Axes, row: pd.Series, x: float, width: float, color: object) ->
             fontweight="bold")
 
 
-def a5_returning_users(df: pd.DataFrame) -> plt.Figure:
+def a5_returning_users(df: pd.DataFrame,
+                       title: str = "A5  Returning users: TTFT of a resume") -> plt.Figure:
     """Normal-turn vs resume median TTFT per tier; the whisker reaches the slowest resume.
 
     A resume after a long idle is where tiers differ most: its KV either survived in a
@@ -183,7 +194,7 @@ def a5_returning_users(df: pd.DataFrame) -> plt.Figure:
     finite = values.to_numpy(dtype=float)[np.isfinite(values.to_numpy(dtype=float))]
     ax.set_ylim(0, (finite.max() if finite.size else 1.0) * 1.3)
     ax.set_xlim(-0.6, len(tiers) - 0.4)
-    ax.set(xlabel="", ylabel="TTFT (s)", title="A5  Returning users: TTFT of a resume")
+    ax.set(xlabel="", ylabel="TTFT (s)", title=title)
     legend = [Patch(color="0.45", alpha=_NORMAL_ALPHA, label="normal turn (median)"),
               Patch(color="0.45", label="resume (median)"),
               Line2D([], [], color="0.15", linewidth=2, label="slowest resume")]
