@@ -239,8 +239,12 @@ def test_storage_figures() -> None:
     assert set(panels.panel) == {"request size", "jobs", "targets"}
     assert panels.groupby("direction").norm_throughput.max().eq(1.0).all()
     fig = sfigs.b5_ssd_parallelism(panels)
-    assert "only targets = 1 measured" in [t.get_text().split("\n")[0]
-                                           for t in fig.axes[2].texts][0]
+    request_size, streams = fig.axes
+    assert [t.get_text() for t in request_size.get_legend().texts] == [
+        "iodepth 1", "read", "iodepth 4", "write"]  # colour = depth, line style = direction
+    assert [t.get_text() for t in streams.get_legend().texts] == [
+        "jobs (threads)", "targets (drives): only 1 measured"]
+    assert not any(t.get_rotation() for t in request_size.get_xticklabels())
     chunks = pd.DataFrame({"chunk_id": [0, 1, 0, 1], "time_s": [1e-3, 2e-3, 1e-4, 1e-4],
                            "tier": ["SSD", "SSD", "DRAM", "DRAM"]})
     assert sfigs.b9_chunk_io_latency(chunks).get_ylabel() == "I/O time per chunk (ms)"

@@ -28,13 +28,16 @@ def a6_capacity_vs_ttl(df: pd.DataFrame, tiers_bytes: dict[str, float] | None = 
                 fontsize=12, color="0.3")
     for label, cap in (tiers_bytes or {}).items():
         ax.axhline(cap / 1e12, color="0.2", linestyle="--", linewidth=1.5)
-        ax.text(ax.get_xlim()[1], cap / 1e12, f"{label} ", ha="right", va="top",
-                fontsize=12)  # under its line at the right, where the rates' lines are above
+        # beside the axes at its line's height: inside, the line, a rate's line or the grid
+        # runs through the text wherever it goes
+        ax.annotate(label, (1, cap / 1e12), xycoords=("axes fraction", "data"),
+                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=12)
     model = df["model"].iloc[0] if "model" in df else ""
     ax.set(xlabel="TTL (min)", ylabel="KV capacity needed (TB)",
            title=f"A6  KV capacity vs TTL ({model})")
-    ax.legend(title="token throughput", fontsize=12, title_fontsize=12, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
+    handles, labels = ax.get_legend_handles_labels()  # highest rate on top, as its line
+    ax.legend(handles[::-1], labels[::-1], title="token throughput", fontsize=12,
+              title_fontsize=12, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 

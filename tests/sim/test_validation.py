@@ -326,11 +326,12 @@ def test_validation_figures_draw_every_metric(validation) -> None:
     main = table[table.metric.isin(["ttft_median_s", "ttft_p90_s", "total_tok_s",
                                     "cached_share"])]
     fig = sim_validation(main, tolerance_pct=20)
-    titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+    titles = [ax.get_title(loc="left") for ax in fig.axes if ax.get_visible()]
     assert titles == ["Median TTFT", "p90 TTFT", "Total throughput", "Cached-token share"]
-    labels = [t.get_text() for ax in fig.axes for t in ax.texts]
-    assert len(labels) == 16 and all(label.endswith(("%", "pp")) for label in labels)
-    assert sum(label.endswith("pp") for label in labels) == 4  # the cached share
+    rows = {label.get_text() for ax in fig.axes for label in ax.get_yticklabels()}
+    assert rows == {f"{r} · {t}" for r, t in zip(main.run, main.tier, strict=True)}
+    # the errors are shown once, in the grid (issue 38: labels over the bars overlapped)
+    assert not [t for ax in fig.axes for t in ax.texts]
     plt.close(fig)
     grid = sim_validation_errors(table, 10.0)
     ax = grid.axes[0]
