@@ -376,7 +376,13 @@ def test_a_semaphore_no_sample_saw_is_removed_by_the_ledger(tmp_path: Path) -> N
     """A multiprocessing semaphore (`sem.mp-*`) of a server SIGKILLed before any sample:
     the creating process wrote it into the run's ledger, so the run removes it; a
     bystander's semaphore made at the same time stays."""
-    script = ("import multiprocessing as mp, sys, time; lock = mp.get_context('spawn').Lock(); "
+    # The semaphore is taken off multiprocessing's resource tracker, as the tracker of a
+    # SIGKILLed process group dies with it: else the tracker unlinks it when the server dies,
+    # racing the test's own check (seen once in CI-like load: cleanup() found it gone).
+    script = ("import multiprocessing as mp, sys, time; "
+              "from multiprocessing import resource_tracker; "
+              "lock = mp.get_context('spawn').Lock(); "
+              "resource_tracker.unregister(lock._semlock.name, 'semaphore'); "
               "print(lock._semlock.name, flush=True); time.sleep(120)")
     shm = SharedMemory()
     env = shm.environment(dict(os.environ), tmp_path)
