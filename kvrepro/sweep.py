@@ -233,11 +233,14 @@ def _remove_dead_writers_temp(out: Path, sub: str) -> None:
         path.unlink(missing_ok=True)
 
 
-def _sweep_folder(out: Path) -> None:
+def _sweep_folder(out: Path, locked: bool = False) -> None:
     """Refuse (`RefusedFolder`, before anything is written there) an existing `out` that is
     neither empty (a lock file a killed sweep left aside) nor a sweep folder (`sweep.json`, a
     regular file). Why: a sweep deletes temporary files in its folder and writes its own
-    names there; in a user's folder that would touch what is not the sweep's."""
+    names there; in a user's folder that would touch what is not the sweep's. Before the
+    lock is taken (`locked` false), a folder whose lock file exists is left to the lock: a
+    starting sweep makes its lock before its first temporary file, and a second sweep must
+    be refused as "another sweep", not because it saw that file."""
     if not out.exists() and not out.is_symlink():
         return
     if not out.is_dir():
@@ -247,6 +250,8 @@ def _sweep_folder(out: Path) -> None:
     if marker.is_file() and not marker.is_symlink():
         return
     others = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+    if others and not locked and (out / LOCK_NAME).exists():
+        return  # a sweep holds (or held) it: the lock decides, then this check runs again
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise RefusedFolder(f"{out}: not a sweep folder (no {MANIFEST_NAME}) and not empty "
@@ -277,7 +282,7 @@ def _sweep_lock(out: Path) -> Iterator[None]:
                             f"(it holds {lock.path}); wait for it to finish or use another "
                             "folder")
     try:
-        _sweep_folder(out)  # again, with the lock: what was put there meanwhile counts
+        _sweep_folder(out, locked=True)  # again: what was put there meanwhile counts
         yield
     finally:
         lock.release()

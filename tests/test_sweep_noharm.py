@@ -332,3 +332,25 @@ def test_two_sweeps_on_one_folder_one_is_refused_naming_the_holder(tmp_path):
     manifest = json.loads((out / "sweep.json").read_text())["points"]
     files = {p.stem for p in (out / "points").glob("*.parquet")}
     assert files == set(manifest) == {point_id(p) for p in same}
+
+
+def test_a_sweep_starting_on_a_locked_folder_is_refused_as_another_sweep(tmp_path):
+    """The window CI once hit: the holder has made its lock and its first temporary file
+    (`.sweep.json.<pid>.tmp`) but not yet `sweep.json`. A second sweep arriving then must
+    be refused as "another sweep (pid ...)", naming the holder, not as "not a sweep
+    folder" because it saw the holder's temporary file; and the file is left alone."""
+    from kvrepro._locks import FolderLock
+    from kvrepro.sweep import LOCK_NAME
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    lock = FolderLock(out / LOCK_NAME)
+    assert lock.acquire("4242\n") is None
+    temp = out / f".sweep.json.{os.getpid()}.tmp"
+    temp.write_text("half")
+    try:
+        with pytest.raises(RefusedFolder, match=re.escape(f"{out}: another sweep (pid 4242)")):
+            run_sweep([dict(TWIN)], out, point_fn=quick_point, progress=False)
+    finally:
+        lock.release()
+    assert temp.read_text() == "half"
