@@ -63,12 +63,32 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts) or "(top level)"
 
 
-def validation_problems(err: Any, prefix: str = "") -> str:
-    """A pydantic ValidationError as one line, "<prefix>a.b: message; ..." for each bad key.
-    Why: str(err) spans lines, repeats the input and ends in a documentation URL; a user
-    needs the key and what is wrong with it."""
-    return "; ".join(f"{prefix}{key_path(e['loc'])}: {' '.join(e['msg'].split())}"
-                     for e in err.errors())
+def input_loc(loc: tuple[Any, ...], raw: Any) -> tuple[Any, ...]:
+    """`loc` as keys of the input `raw`: the tags pydantic adds inside it for a union member
+    (a store's `tiers.dram.stores.0.dram.capacity_bytes`, where the second `dram` is the
+    store's kind) are left out, as they are no key the user wrote. A key missing from the
+    input (a required field) is kept when it is the last."""
+    node, kept = raw, []
+    for depth, key in enumerate(loc):
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+        elif depth < len(loc) - 1 and isinstance(node, dict):
+            continue  # a union tag: not in the input
+        else:
+            node = None
+        kept.append(key)
+    return tuple(kept)
+
+
+def validation_problems(err: Any, prefix: str = "", raw: Any = None) -> str:
+    """A pydantic ValidationError as one line, "<prefix>a.b: message; ..." for each bad key
+    (with `raw`, the input, as its keys: `input_loc`). Why: str(err) spans lines, repeats
+    the input and ends in a documentation URL; a user needs the key and what is wrong."""
+    return "; ".join(
+        f"{prefix}{key_path(e['loc'] if raw is None else input_loc(e['loc'], raw))}: "
+        f"{' '.join(e['msg'].split())}" for e in err.errors())
 
 
 def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
@@ -81,7 +101,8 @@ def validate_model(raw: Any, model: Any, what: str, source: str) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        raise ValueError(f"{source}: invalid {what}: {validation_problems(err, 'key ')}") from err
+        problems = validation_problems(err, "key ", raw)
+        raise ValueError(f"{source}: invalid {what}: {problems}") from err
 
 
 class NoAliasLoader(yaml.SafeLoader):

@@ -32,8 +32,7 @@ from typing import Any
 import pandas as pd
 
 from kvrepro.studies.provenance import KINDS, count_by_kind
-from kvrepro.studies.reference import _fmt as format_number
-from kvrepro.studies.reference import diff_text
+from kvrepro.studies.reference import diff_text, format_number
 
 REPORT_HTML = "report.html"
 """The report's file name inside runs/<UTC timestamp>/."""

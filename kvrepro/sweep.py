@@ -132,12 +132,6 @@ def expand_grid(grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]])
     return points
 
 
-def grid_id(points: Sequence[Mapping[str, Any]]) -> str:
-    """A stable key of a whole grid (its points' keys, sorted): a folder name per grid."""
-    text = ",".join(sorted(point_id(p) for p in points))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
 # ---------------------------------------------------------------- point functions
 
 def point_function(version: str) -> Callable[[PointFn], PointFn]:

@@ -33,71 +33,30 @@ import math
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    NonNegativeFloat,
-    model_validator,
-)
+from pydantic import AfterValidator, Field, model_validator
 
 from kvrepro._checks import load_yaml_model, validate_model
 from kvrepro._paths import safe_name
 from kvrepro.model_spec import ModelSpec, get_model
+from kvrepro.stores import KINDS, StoreBase, StoreFolder, StoreModel, StoreSpec, StrictModel
+from kvrepro.stores.drives import (
+    DriveArray,
+    normalize_raid_level,
+    raid_data_drives,
+    raid_write_factor,
+)
+
+__all__ = ["CAPACITY_ALIASES", "TINY_MODEL", "DriveArray", "EngineSpec", "LMCacheFlags",
+           "LiveSpec", "Placement", "ServerSpec", "StoreBase", "StoreModel", "StoreSpec",
+           "TierModel", "TierSpec", "TwinRates", "TwinSpec", "load_server",
+           "normalize_raid_level", "override_server", "parse_cpu_list", "raid_data_drives",
+           "raid_write_factor", "set_dotted", "shipped_server", "with_lmcache_flag"]
 
 TINY_MODEL = "kvrepro:tiny"
 
-# What-if aliases: a capacity in GB for every store of that name.
+# What-if aliases: a capacity in decimal GB for every store of that *name* (`override_server`
+# also takes `store:<name>.<field>` and `kind:<kind>.<field>`).
 CAPACITY_ALIASES = {"dram_gb": "dram", "flash_gb": "flash", "staging_gb": "staging"}
-
-# ---------------------------------------------------------------- RAID layouts
-# Here, below the calculators, because a spec's drive array is checked when it is read:
-# `kvrepro.calc.endurance` (write factors) and `kvrepro.calc.economics` (usable capacity)
-# use these same tables.
-
-_MIN_DRIVES = {"RAID0": 1, "RAID1": 2, "RAID10": 4, "RAID5": 3, "RAID6": 4}
-_RAID_DATA_DRIVES = {"RAID0": lambda n: n, "RAID1": lambda n: 1, "RAID10": lambda n: n // 2,
-                     "RAID5": lambda n: n - 1, "RAID6": lambda n: n - 2}
-
-
-def normalize_raid_level(raid_level: str | int) -> str:
-    """Accept 10, "10", "raid10" or "RAID10"; reject anything else naming the parameter."""
-    text = str(raid_level).strip().upper()
-    text = text if text.startswith("RAID") else f"RAID{text}"
-    if text not in _MIN_DRIVES:
-        raise ValueError(f"unknown RAID level {raid_level!r} (parameter 'raid_level'); "
-                         f"known: {sorted(_MIN_DRIVES)}")
-    return text
-
-
-def raid_write_factor(raid_level: str | int, n_drives: int) -> float:
-    """Physical bytes written to the drives per byte the host writes.
-
-    RAID0 stripes (1x); RAID1 mirrors to every drive (n x); RAID10 mirrors pairs (2x);
-    RAID5/6 add one/two parity strips per stripe, n/(n-1) and n/(n-2) for full-stripe writes,
-    which is what large sequential KV-chunk writes are.
-    """
-    level = normalize_raid_level(raid_level)
-    if n_drives < _MIN_DRIVES[level] or (level == "RAID10" and n_drives % 2):
-        raise ValueError(f"parameter 'n_drives' = {n_drives} is not valid for {level} "
-                         f"(needs >= {_MIN_DRIVES[level]}{', even' if level == 'RAID10' else ''})")
-    if level == "RAID1":
-        return float(n_drives)
-    if level == "RAID5":
-        return n_drives / (n_drives - 1)
-    if level == "RAID6":
-        return n_drives / (n_drives - 2)
-    return 2.0 if level == "RAID10" else 1.0
-
-
-def raid_data_drives(raid_level: str | int, n_drives: int) -> int:
-    """How many of `n_drives` hold data in the layout (mirrors and parity excluded); a count
-    the layout cannot use is an error (`raid_write_factor`'s check)."""
-    level = normalize_raid_level(raid_level)
-    raid_write_factor(level, n_drives)
-    return _RAID_DATA_DRIVES[level](n_drives)
-
 
 def _tier_name(name: str) -> str:
     """`name` if it can name the tier's run folder (pydantic's check of `TierName`)."""
@@ -109,15 +68,7 @@ TierName = Annotated[str, AfterValidator(_tier_name)]
 a spec with another fails at load, naming the key."""
 
 
-class _Strict(BaseModel):
-    """Every spec model: no unknown keys, and no inf or NaN in a number. Why finite: each
-    number of a server is a size, a time, a rate or a count, and `dram_gb=inf` went through
-    to an OverflowError in the twin and `Infinity` in a live dry run's LMCache settings."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class EngineSpec(_Strict):
+class EngineSpec(StrictModel):
     """The vLLM instance as both engines see it: its own KV budget and scheduler limits (the
     simulator's `ServerProfile` is this plus `TwinRates`)."""
 
@@ -134,7 +85,7 @@ class EngineSpec(_Strict):
     max_model_len: int = Field(65_536, gt=0, description="prompt + output tokens allowed")
 
 
-class TwinRates(_Strict):
+class TwinRates(StrictModel):
     """The simulator's roofline of the hardware (the simulator's `ServerProfile` has them too)."""
 
     fp16_tflops: float = Field(gt=0, description="effective peak rate of the whole TP group, "
@@ -171,7 +122,7 @@ Device = Literal["gpu", "cpu"]
 `SimTier.lmcache_mode`, which decides what LMCache does asynchronously)."""
 
 
-class LiveSpec(_Strict):
+class LiveSpec(StrictModel):
     """How the live engine deploys the server (read only by the live engine)."""
 
     model: str = Field(description="model path, hub name, or kvrepro:tiny (the local tiny Llama)")
@@ -216,7 +167,7 @@ def _cpu_list(text: str | None) -> str | None:
 CpuList = Annotated[str | None, AfterValidator(_cpu_list)]
 
 
-class Placement(_Strict):
+class Placement(StrictModel):
     """Which CPUs each process of a live server runs on: part of the server, so every tier
     of a campaign (and every instance of a fleet) gets the same ones.
 
@@ -244,97 +195,7 @@ class Placement(_Strict):
         return parse_cpu_list(text) if text is not None else None
 
 
-class StoreModel(_Strict):
-    """What an offload store holds, how it evicts, and the twin's model of its channels (the
-    simulator's `OffloadTier` is this plus the tier's chunk size)."""
-
-    name: str = Field(min_length=1, description="dram, staging, flash, ...")
-    capacity_bytes: float = Field(ge=0, description="bytes of KV it holds (0: holds nothing)")
-    eviction: Literal["lru", "ttl", "none"] = Field(
-        "lru", description="lru (LMCache's default); ttl (expire after ttl_s unused, LRU when "
-                           "full; simulator only); none (when full, keep what it holds and "
-                           "store nothing new; a simulator what-if)")
-    ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
-    read_bw_bytes_s: float = Field(gt=0, description="twin: load bandwidth into the engine, B/s")
-    write_bw_bytes_s: float = Field(gt=0, description="twin: store bandwidth, B/s")
-    chunk_read_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk read")
-    chunk_write_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk written")
-    chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
-        default_factory=list, description="twin: measured per-chunk read latencies (fio flash "
-                                          "profile); each chunk read draws one instead of "
-                                          "chunk_read_latency_s")
-    latency_seed: int = Field(0, ge=0, description="twin: seed of those draws, with the name")
-    max_write_backlog_s: float = Field(5.0, gt=0, description="twin: a write that would wait "
-                                       "longer than this in the write queue is dropped "
-                                       "(and counted)")
-    async_eviction: bool | None = Field(
-        None, description="twin: LMCache's multi-process eviction (a loop that, every second, "
-                          "evicts a fifth of the chunks, LRU first, once the store is 80 % "
-                          "full; a full DRAM store drops new chunks, a disk store overshoots "
-                          "its limit); false: the LRU chunk is evicted on insert (in-process "
-                          "LMCache); None: as the server's live.lmcache_mode")
-
-    @model_validator(mode="after")
-    def _ttl_given(self) -> StoreModel:
-        if self.eviction == "ttl" and self.ttl_s is None:
-            raise ValueError(f"store {self.name!r}: eviction 'ttl' needs ttl_s")
-        return self
-
-
-class DriveArray(_Strict):
-    """The flash drives a tier adds (the cost model prices them; `calc.economics.TierHardware`
-    is this plus host DRAM)."""
-
-    drives: int = Field(0, ge=0, description="cost: NVMe drives of the flash array")
-    drive_tb: float = Field(12.8, gt=0, description="cost: capacity per drive, TB")
-    raid_level: Annotated[str, AfterValidator(normalize_raid_level)] = Field(
-        "RAID10", description="cost: layout of the flash array")
-
-    @model_validator(mode="after")
-    def _drive_count_fits_layout(self) -> DriveArray:
-        if self.drives:
-            raid_write_factor(self.raid_level, self.drives)  # a count the layout can't use
-        return self
-
-    def usable_bytes(self) -> float:
-        """Capacity after the RAID layout, bytes (0 without drives)."""
-        if not self.drives:
-            return 0.0
-        return _RAID_DATA_DRIVES[self.raid_level](self.drives) * self.drive_tb * 1e12
-
-
-class StoreSpec(StoreModel, DriveArray):
-    """One offload store of a server spec: the store model, its kind and place, its drives."""
-
-    kind: Literal["dram", "flash"] = Field(description="host memory or a disk folder")
-    path: str | None = Field(None, description="flash: the folder LMCache writes chunk files "
-                             "to (default: `lmcache-l2` in the run folder, the run's own)")
-    io_mode: Literal["buffered", "o_direct"] = Field("buffered", description="flash: page "
-                                                     "cache or O_DIRECT")
-    io_workers: int = Field(4, gt=0, description="flash, multi-process LMCache: I/O worker "
-                            "threads of the disk adapter (fs_native num_workers; its default 4)")
-    keep_files: bool = Field(False, description="flash, live: leave the chunk files the run "
-                             "wrote in the folder (default: the run removes exactly those)")
-    allow_existing_files: bool = Field(False, description="flash, live: serve from a folder "
-                                       "that already holds files (refused by default: they "
-                                       "would be mixed with this run's)")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> StoreSpec:
-        where = f"store {self.name!r}"
-        if self.kind == "dram" and (self.path or self.drives or self.io_mode != "buffered"
-                                    or self.keep_files or self.allow_existing_files):
-            raise ValueError(f"{where}: a dram store takes no path, io_mode, files or drives")
-        if self.drives:
-            usable = self.usable_bytes()
-            if self.capacity_bytes > usable:
-                raise ValueError(f"{where}: capacity_bytes {self.capacity_bytes:.4g} exceeds "
-                                 f"the {self.drives} drives' usable {usable:.4g} B in "
-                                 f"{self.raid_level}")
-        return self
-
-
-class LMCacheFlags(_Strict):
+class LMCacheFlags(StrictModel):
     """LMCache behaviour that changes results; every default is LMCache's own default."""
 
     enable_async_loading: bool = Field(False, description="load offloaded KV without holding "
@@ -351,7 +212,7 @@ class LMCacheFlags(_Strict):
 StoreT = TypeVar("StoreT", bound=StoreModel)
 
 
-class TierModel(_Strict, Generic[StoreT]):
+class TierModel(StrictModel, Generic[StoreT]):
     """What a tier is to the spec (`TierSpec`) and to the simulator (`SimTier`) alike: its
     stores, LMCache's flags, its own KV budget and the twin's connector costs. Both extend
     this one model, so each setting has one name in the YAML, the spec and the twin."""
@@ -393,30 +254,46 @@ class TierSpec(TierModel[StoreSpec]):
     @model_validator(mode="after")
     def _consistent(self) -> TierSpec:
         kinds = [s.kind for s in self.stores]
-        if kinds != sorted(kinds) or kinds.count("dram") > 1 or kinds.count("flash") > 1:
-            raise ValueError(f"stores are at most one dram store (L1) then one flash store "
-                             f"(L2), got kinds {kinds}")
-        if self.connector == "native" and kinds != ["dram"]:
-            raise ValueError(f"connector 'native' takes exactly one dram store, got {kinds}")
-        if self.lmcache.l2_store_policy == "skip_l1" and "flash" not in kinds:
-            raise ValueError("lmcache.l2_store_policy 'skip_l1' needs a flash store")
+        levels = [s.level for s in self.stores]
+        if levels != sorted(set(levels)):
+            raise ValueError(f"stores are listed fastest first, at most one of each kind "
+                             f"(levels: {', '.join(f'{k} {KINDS[k].level}' for k in KINDS)}), "
+                             f"got kinds {kinds}")
+        if self.stores and not self.stores[0].l1 and len(self.stores) > 1:
+            raise ValueError(f"a tier's first store is LMCache's L1 and must be one of "
+                             f"{[k for k, c in KINDS.items() if c.l1]}, got kinds {kinds}")
+        if self.connector == "native":
+            self.native_offload()  # a store vLLM's own offloading lacks: the error names it
+        if self.lmcache.l2_store_policy == "skip_l1" and len(self.stores) < 2:
+            raise ValueError("lmcache.l2_store_policy 'skip_l1' needs a store below the L1")
         return self
 
     @property
     def kind(self) -> str:
-        """baseline (no store), dram, flash (a flash store), or native_offload."""
+        """baseline (no store), native_offload (vLLM's own), else the kind of its slowest
+        store (dram, flash, shared_fs)."""
         if not self.stores:
             return "baseline"
         if self.connector == "native":
             return "native_offload"
-        return "flash" if any(s.kind == "flash" for s in self.stores) else "dram"
+        return self.stores[-1].kind
 
-    def store(self, kind: str) -> StoreSpec | None:
-        """The store of that kind, if the tier has one."""
-        return next((s for s in self.stores if s.kind == kind), None)
+    def native_offload(self) -> dict[str, Any]:
+        """vLLM's own offloading of the tier's stores: a CPU store (`cpu_bytes_to_use`), and
+        a secondary tier below it where the kind has one (`TieringOffloadingSpec`)."""
+        if not self.stores or not self.stores[0].l1:
+            raise ValueError(f"tier {self.name!r}: connector 'native' needs a CPU store first, "
+                             f"got kinds {[s.kind for s in self.stores]}")
+        config = self.stores[0].native_offload()
+        secondary = [s.native_offload()["secondary_tier"] for s in self.stores[1:]]
+        return {**config, "secondary_tiers": secondary} if secondary else config
+
+    def folders(self) -> list[StoreFolder]:
+        """The folders its stores write chunk files into (the live deployer owns them)."""
+        return [f for f in (s.folder() for s in self.stores) if f is not None]
 
 
-class ServerSpec(_Strict):
+class ServerSpec(StrictModel):
     """One server: model, engine, twin, live deployment and its named tiers."""
 
     description: str = ""
@@ -525,12 +402,34 @@ def _capacity_bytes(alias: str, value: Any) -> float:
     return gb * 1e9
 
 
+def _store_override(tree: dict[str, Any], key: str, value: Any) -> bool:
+    """Apply `store:<name>.<field>` (every store of that name) or `kind:<kind>.<field>`
+    (every store of that kind); False when `key` is neither form."""
+    scope, sep, rest = key.partition(":")
+    if not sep or scope not in ("store", "kind"):
+        return False
+    target, dot, field = rest.partition(".")
+    if not target or not dot or not field:
+        raise ValueError(f"server override {key!r}: write {scope}:<{scope}>.<field>")
+    match = "name" if scope == "store" else "kind"
+    stores = [s for t in tree["tiers"].values() for s in t["stores"] if s[match] == target]
+    if not stores:
+        raise ValueError(f"server override {key!r}: no store of {match} {target!r} in this "
+                         "server")
+    for store in stores:
+        set_dotted(store, field, value)
+    return True
+
+
 def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
     """A copy of `spec` with what-if overrides applied and validated again.
 
-    Keys are dotted paths (`twin.mfu`, `tiers.dram.stores.0.eviction`) or the aliases
-    `dram_gb`, `flash_gb`, `staging_gb`, which set the capacity (GB) of every store of that
-    name. An unknown key is an error naming it.
+    Keys are dotted paths (`twin.mfu`, `tiers.dram.stores.0.eviction`), a field of the stores
+    picked by name or by kind (`store:staging.capacity_bytes`: every store called `staging`;
+    `kind:dram.capacity_bytes`: every store of kind dram, a flash tier's staging buffer
+    included), or the aliases `dram_gb`, `flash_gb`, `staging_gb`, which set the capacity
+    (decimal GB, 1e9 bytes) of every store of that *name*. An unknown key is an error
+    naming it.
     """
     tree = spec.model_dump()
     for key, value in (overrides or {}).items():
@@ -542,6 +441,8 @@ def override_server(spec: ServerSpec, overrides: dict[str, Any]) -> ServerSpec:
                                  f"{CAPACITY_ALIASES[key]!r} in this server")
             for store in stores:
                 store["capacity_bytes"] = _capacity_bytes(key, value)
+            continue
+        if _store_override(tree, key, value):
             continue
         try:
             set_dotted(tree, key, value)

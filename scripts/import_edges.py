@@ -2,10 +2,10 @@
 
     .venv/bin/python scripts/import_edges.py
 
-The walk and the layer table are tests/test_layers.py's (one definition): every import of
-every module, those inside functions included and those under TYPE_CHECKING left out,
-folded onto the packages of `LAYERS`. An edge marked UP goes up a layer; the last lines list
-module and package cycles (none is allowed).
+The walk and the layer table are `kvrepro._layers`'s, the ones tests/test_layers.py checks
+(one definition): every import of every module, those inside functions included and those
+under TYPE_CHECKING left out, folded onto the packages of `LAYERS`. An edge marked UP goes up
+a layer; the last lines list module and package cycles (none is allowed).
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))  # this checkout's kvrepro, installed or not
 
-from test_layers import LAYERS, _unit, cycles, import_edges, upward  # noqa: E402
+from kvrepro._layers import LAYERS, cycles, import_edges, unit, upward  # noqa: E402
 
 
 def main() -> int:
     edges = import_edges(ROOT)
-    folded = Counter((_unit(a), _unit(b)) for a, b in edges if _unit(a)[1] != _unit(b)[1])
+    folded = Counter((unit(a), unit(b)) for a, b in edges if unit(a)[1] != unit(b)[1])
     print(f"{len(edges)} module import edges, {len(folded)} between packages:")
     for ((ra, a), (rb, b)), n in sorted(folded.items()):
         mark = "UP" if rb < ra else ("same layer" if ra == rb else "down")

@@ -480,3 +480,32 @@ def test_json_replaces_a_symlink_never_writes_its_target(tmp_path, capsys) -> No
     capsys.readouterr()
     assert victim.read_text() == "a user's file\n"
     assert not report.is_symlink() and json.loads(report.read_text())
+
+
+def test_a_shared_store_folder_is_checked_as_shared_without_a_probe(tmp_path) -> None:
+    """A shared_fs store's folder: path, space and filesystem lines named `shared` (a local
+    folder is said to be shared by this machine's servers only), no O_DIRECT probe (LMCache's
+    fs adapter does not use it), and refused by the run's own rule when another run holds it."""
+    from tests.live.conftest import SHARED_TIER, shared_fs_server
+
+    share = tmp_path / "share"
+    spec = shared_fs_server(share)
+    checks = {c.check: c for c in doctor(spec, [SHARED_TIER], tmp_path / "runs",
+                                         gpus=([], "-")) if c.subject.endswith("/share")}
+    assert sorted(checks) == ["shared filesystem", "shared path", "shared space"]
+    assert all(c.ok for c in checks.values()), checks
+    assert checks["shared path"].why == f"{share} can be made, writable"
+    if "ext4" in checks["shared filesystem"].why:
+        assert "only the servers of this machine share it" in checks["shared filesystem"].why
+    assert not share.exists()  # made for the check, and removed again
+    dram = [c for c in doctor(spec, [SHARED_TIER], tmp_path / "runs", gpus=([], "-"))
+            if c.check == "host DRAM"]
+    assert "DRAM stores 0.03 GB" in dram[0].why  # the L1 only: the share takes no DRAM
+    held = DiskFolder(share, run_dir=tmp_path / "other-run", label="shared folder")
+    held.prepare()
+    try:
+        (path,) = [c for c in doctor(spec, [SHARED_TIER], tmp_path / "runs", gpus=([], "-"))
+                   if c.check == "shared path"]
+    finally:
+        held.cleanup()
+    assert not path.ok and f"shared folder {share} is in use by another run" in path.why

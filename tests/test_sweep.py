@@ -319,7 +319,7 @@ def test_point_parameters_reach_the_specs_they_name():
                          "workload.pause": "study_a", "session_rate_per_min": 4.0,
                          "routing": "prefix_aware", "prefix_aware.cache_threshold": 0.7,
                          "bill.gpus": 2, "price.dram_usd_per_gb": 7.0, "max_in_flight": 9})
-    assert setup.spec.tier("flash").store("flash").capacity_bytes == 2000e9
+    assert setup.spec.tier("flash").stores[-1].capacity_bytes == 2000e9
     assert setup.spec.twin.mfu == 0.31 and setup.is_fleet
     assert (setup.workload.p_returning, setup.workload.session_rate_per_min) == (0.2, 4.0)
     assert setup.workload.pause.model_dump(include=set(STUDY_A_PAUSE)) == STUDY_A_PAUSE
@@ -420,12 +420,12 @@ def test_whatif_grid_changes_one_knob_per_point(monkeypatch):
     assert labels.value.tolist() == ["256", "1024", "0.25", "10", "5", "1.5", "3.5"]
     assert labels.point_id.tolist() == [point_id(p) for p in points]
     base = shipped_server("study_a")
-    dram0 = base.tier("dram").store("dram")
-    flash0 = base.tier("flash").store("flash").capacity_bytes
+    dram0 = base.tier("dram").stores[0]
+    flash0 = base.tier("flash").stores[-1].capacity_bytes
     setups = [whatif_setup(p) for p in points]
-    got = [(s.fleet.tier, s.spec.tier("dram").store("dram").capacity_bytes,
-            s.spec.tier("flash").store("flash").capacity_bytes,
-            s.spec.tier("dram").store("dram").eviction, s.workload.session_rate_per_min,
+    got = [(s.fleet.tier, s.spec.tier("dram").stores[0].capacity_bytes,
+            s.spec.tier("flash").stores[-1].capacity_bytes,
+            s.spec.tier("dram").stores[0].eviction, s.workload.session_rate_per_min,
             r.fill_store) for s, r in setups]
     assert got == [("dram", 256e9, flash0, dram0.eviction, 2.5, "dram"),
                    ("dram", 1024e9, flash0, dram0.eviction, 2.5, "dram"),
@@ -434,7 +434,7 @@ def test_whatif_grid_changes_one_knob_per_point(monkeypatch):
                    ("dram", dram0.capacity_bytes, flash0, "ttl", 2.5, "dram"),
                    ("dram", dram0.capacity_bytes, flash0, dram0.eviction, 1.5, "dram"),
                    ("dram", dram0.capacity_bytes, flash0, dram0.eviction, 3.5, "dram")]
-    assert setups[4][0].spec.tier("dram").store("dram").ttl_s == 300
+    assert setups[4][0].spec.tier("dram").stores[0].ttl_s == 300
     for setup, read in setups:
         assert (setup.workload.duration_s, setup.workload.seed) == (1800.0, 2)
         assert setup.workload.pause.model_dump(include=set(STUDY_A_PAUSE)) == STUDY_A_PAUSE

@@ -45,6 +45,7 @@ import pandas as pd
 
 from kvrepro._checks import non_negative, positive
 from kvrepro.calc import endurance
+from kvrepro.calc.endurance import SECONDS_PER_DAY
 from kvrepro.workload.trace_replay import ReadResult
 
 PartialBlocks = Literal["full_only", "whole", "actual"]
@@ -58,7 +59,6 @@ DEFAULT_PARTIAL_BLOCKS: PartialBlocks = "full_only"
 """What a KV store holds: vLLM caches full blocks only, LMCache 0.5 by default too."""
 GB = 1e9
 TB = 1e12
-SECONDS_PER_DAY = 86_400.0
 
 # B2's server (NVIDIA B200 per GPU, as study B labels it): "HBM 140 GB (Model Size: 50 GB)".
 # We read that as 140 GB of HBM of which the model takes 50 GB, leaving 90 GB for KV. (If the

@@ -28,11 +28,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from kvrepro._checks import require_columns
-from kvrepro.analysis.runs import prompt_tokens_by_source
+from kvrepro.analysis.runs import fleet_turn_stats, prompt_tokens_by_source, share
 from kvrepro.records import read_run
 
 GROUP_KEYS = ("kv_pool", "tier", "routing")
@@ -73,25 +72,14 @@ def load_fleet_runs(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             pd.concat(samples, ignore_index=True) if samples else pd.DataFrame())
 
 
-def _share(numerator: float, denominator: float) -> float:
-    return numerator / denominator if denominator > 0 else float("nan")
-
-
 def _turn_stats(part: pd.DataFrame, window_s: float) -> dict[str, Any]:
-    """Throughput, TTFT and cached shares of one instance's (or the fleet's) measured turns."""
-    ttft = part["first_token_s"] - part["send_s"]
-    away = part[part["routed_away"].astype(bool)]
+    """Throughput, TTFT and cached shares of one instance's (or the fleet's) measured turns
+    (TTFT and shares: `kvrepro.analysis.runs.fleet_turn_stats`, the twin's recipe too)."""
     tokens = part["prompt_tokens"].sum() + part["output_tokens"].sum()
     return {"n_turns": len(part), "window_s": window_s,
-            "throughput_tok_s": _share(float(tokens), window_s),
-            "output_tok_s": _share(float(part["output_tokens"].sum()), window_s),
-            "ttft_median_s": float(ttft.median()) if len(part) else np.nan,
-            "ttft_p90_s": float(ttft.quantile(0.9)) if len(part) else np.nan,
-            "cached_share": _share(part["cached_prompt_tokens"].sum(),
-                                   part["prompt_tokens"].sum()),
-            "routed_away_turns": len(away),
-            "cross_instance_hit_share": _share(away["cached_prompt_tokens"].sum(),
-                                               away["prompt_tokens"].sum())}
+            "throughput_tok_s": share(float(tokens), window_s),
+            "output_tok_s": share(float(part["output_tokens"].sum()), window_s),
+            **fleet_turn_stats(part)}
 
 
 def _source_stats(samples: pd.DataFrame) -> dict[int, dict[str, float]]:
@@ -109,7 +97,7 @@ def _source_stats(samples: pd.DataFrame) -> dict[int, dict[str, float]]:
         out[int(row.tier)] = {"computed_tokens": row.computed_tokens,
                               "engine_hit_tokens": row.engine_hit_tokens,
                               "offload_hit_tokens": row.offload_hit_tokens,
-                              "offload_share": _share(row.offload_hit_tokens, total)}
+                              "offload_share": share(row.offload_hit_tokens, total)}
     return out
 
 
@@ -119,7 +107,7 @@ def _total_sources(per_instance: dict[int, dict[str, float]]) -> dict[str, float
     sums = {k: sum(v[k] for v in per_instance.values())
             for k in ("computed_tokens", "engine_hit_tokens", "offload_hit_tokens")}
     total = sum(sums.values())
-    return {**sums, "offload_share": _share(sums["offload_hit_tokens"], total)}
+    return {**sums, "offload_share": share(sums["offload_hit_tokens"], total)}
 
 
 def _one_run(records: pd.DataFrame, samples: pd.DataFrame,

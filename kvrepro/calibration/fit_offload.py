@@ -99,9 +99,10 @@ def _overlapping(records: pd.DataFrame) -> np.ndarray:
     return counts
 
 
-def decode_points(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
-    """Per request with enough decode steps: live and twin mean step time, and how many
-    requests ran during its decode (live)."""
+def connector_points(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """The connector fit's points (`fit_connector`): per request with enough decode steps,
+    live and twin mean step time, and how many requests ran during its decode (live). Not
+    `kvrepro.calibration.fit.decode_points` (a lone request's step time vs its context)."""
     ok = live[(live["error"].fillna("") == "") & live["first_token_s"].notna()]
     ok = ok[JOIN_KEYS + ["send_s", "first_token_s", "finish_s", "output_tokens"]].copy()
     ok["running"] = _overlapping(ok)
@@ -195,7 +196,7 @@ def _fit_pass(run: Run, profile: SimProfile, previous: OffloadFit | None) -> Off
         bare = with_offload_fit(profile, replace(previous, twin_connector_step_s=0.0,
                                                  twin_connector_request_s=0.0))
     result, _, _ = simulate_run(run, bare)
-    dec = decode_points(run.records, result.records)
+    dec = connector_points(run.records, result.records)
     step_s, request_s, dec_rms = fit_connector(dec)
     seed = previous or OffloadFit(tier, name, 0.0, 0.0, 0.0, {}, 0, {}, float("nan"))
     with_connector = with_offload_fit(profile, replace(seed, twin_connector_step_s=step_s,
@@ -219,5 +220,5 @@ def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
     return fit, with_offload_fit(profile, fit)
 
 
-__all__ = ["OffloadFit", "decode_points", "fit_connector", "fit_loads", "fit_offload_tier",
+__all__ = ["OffloadFit", "connector_points", "fit_connector", "fit_loads", "fit_offload_tier",
            "offload_points", "with_offload_fit"]

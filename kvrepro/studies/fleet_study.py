@@ -3,7 +3,7 @@ needs against private ones for the same hit share, and what the pool's writes co
 
 The runs go through `kvrepro.sweep` (Ray), one sweep point per configuration, so a notebook
 only builds points (`fleet_points`) and reads the tidy table; the readings here
-(`capacity_for_hit_share`, `fleet_dwpd`) are plain functions of that table.
+(`capacity_for_hit_share`, `fleet_dwpd_table`) are plain functions of that table.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvrepro.calc.economics import tier_hardware
 from kvrepro.calc.endurance import SECONDS_PER_DAY, dwpd_from_write_rate
 from kvrepro.fleet_spec import ROUTINGS, FleetSpec
 
@@ -93,21 +94,24 @@ def capacity_for_hit_share(table: pd.DataFrame, target_share: float,
 
 
 def flash_array(fleet: FleetSpec) -> tuple[int, float]:
-    """(drives, bytes per drive) of one server's flash array, from the tier spec."""
-    stores = [s for s in fleet.server_spec().tier(fleet.tier).stores if s.kind == "flash"]
-    if not stores or not stores[-1].drives or not stores[-1].drive_tb:
+    """(drives, bytes per drive) of one server's flash array, from the tier spec (its
+    stores' bills, `kvrepro.calc.economics.tier_hardware`)."""
+    array = tier_hardware(fleet.server_spec().tier(fleet.tier))
+    if not array.drives:
         raise ValueError(f"tier {fleet.tier!r} of {fleet.server!r} states no flash array "
                          "(stores[].drives, drive_tb)")
-    return int(stores[-1].drives), float(stores[-1].drive_tb) * 1e12
+    return int(array.drives), float(array.drive_tb) * 1e12
 
 
-def fleet_dwpd(table: pd.DataFrame, drives_per_server: int, drive_capacity_bytes: float,
-               raid_levels: Sequence[str] = ("RAID0", "RAID10", "RAID5", "RAID6"),
-               write_col: str = "flash_bytes_written_per_day") -> pd.DataFrame:
+def fleet_dwpd_table(table: pd.DataFrame, drives_per_server: int,
+                     drive_capacity_bytes: float,
+                     raid_levels: Sequence[str] = ("RAID0", "RAID10", "RAID5", "RAID6"),
+                     write_col: str = "flash_bytes_written_per_day") -> pd.DataFrame:
     """Drive writes per day of each configuration's flash writes, per RAID layout, over the
     fleet's drives (n_servers x `drives_per_server`: a shared pool is built from the same
     drives the private tiers would have). One row per input row x layout, with the input's
-    `n_servers`, `routing`, `kv_pool`, `flash_gb` (if present) and `dwpd`."""
+    `n_servers`, `routing`, `kv_pool`, `flash_gb` (if present) and `dwpd`
+    (`kvrepro.plots.fleet_figures.fleet_dwpd` draws it)."""
     keep = [c for c in ("n_servers", "routing", "kv_pool", "flash_gb", write_col) if c in table]
     rows = []
     for row in table[keep].itertuples(index=False):

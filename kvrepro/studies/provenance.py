@@ -103,11 +103,6 @@ def headline_kinds(ids: list[str], kind: str | Mapping[str, str] | None = None
     return out
 
 
-def kinds_table() -> pd.DataFrame:
-    """The four kinds and what each means (for the README, notebooks and the report)."""
-    return pd.DataFrame({"kind": list(KINDS), "meaning": list(KINDS.values())})
-
-
 def count_by_kind(table: pd.DataFrame) -> pd.DataFrame:
     """Headline rows per kind, and how many of each lie within 10 % and 25 % of the study
     (columns kind, numbers, within_10_pct, within_25_pct). Only `predicted` counts as

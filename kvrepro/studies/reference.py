@@ -109,10 +109,13 @@ def collect_headlines(results_dir: str | Path) -> pd.DataFrame:
     return table.sort_values(["figure", "id"], kind="stable").reset_index(drop=True)
 
 
-def _fmt(value: float) -> str:
+def format_number(value: float) -> str:
+    """A number as the headline tables show it: thousands whole with separators, else four
+    significant digits."""
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"
+
 
 
 _BOUND_SIGN = {"at most": "<= ", "at least": ">= "}
@@ -133,9 +136,9 @@ def format_headlines(table: pd.DataFrame) -> str:
         return "(no headline numbers were produced)"
     bounds = table["bound"].fillna("") if "bound" in table else pd.Series("", table.index)
     shown = table.assign(
-        study=[f"{_BOUND_SIGN.get(b, '')}{_fmt(v)}" for v, b in zip(table.study, bounds,
-                                                                   strict=True)],
-        reproduced=table.reproduced.map(_fmt),
+        study=[f"{_BOUND_SIGN.get(b, '')}{format_number(v)}"
+               for v, b in zip(table.study, bounds, strict=True)],
+        reproduced=table.reproduced.map(format_number),
         rel_diff_pct=[diff_text(v, b) for v, b in zip(table.rel_diff_pct, bounds, strict=True)])
     columns = ["id", "unit", "study", "reproduced", "rel_diff_pct", "kind", "source"]
     return shown[[c for c in columns if c in shown]].to_string(index=False)

@@ -13,15 +13,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kvrepro._paths import data_file
 from kvrepro.calc import endurance, roofline, sizing
+from kvrepro.calc.economics import TierHardware, tier_hardware
 from kvrepro.model_spec import get_model
-from kvrepro.tier_spec import StoreSpec, shipped_server
+from kvrepro.tier_spec import shipped_server
 
 
-def _study_a_store(kind: str) -> StoreSpec:
-    """Study A's store of that kind (dram: the DRAM tier; flash: the flash tier's array)."""
-    store = shipped_server("study_a").tier(kind).store(kind)
-    assert store is not None, f"study A's {kind} tier has no {kind} store"
-    return store
+def _study_a_bill(tier: str) -> TierHardware:
+    """What study A's tier `tier` adds, from its stores' bills (the DRAM tier's DRAM, the
+    flash tier's drive array)."""
+    return tier_hardware(shipped_server("study_a").tier(tier))
 
 
 class SizingParams(BaseModel):
@@ -34,15 +34,15 @@ class SizingParams(BaseModel):
     token_rates_tok_s: list[float] = Field([1000, 2000, 4200, 8000], min_length=1)
     ttls_s: list[float] = Field([300, 3600], min_length=1, description="TTLs to mark, s")
     max_ttl_s: float = Field(7200, gt=0)
-    dram_tier_bytes: float = Field(default_factory=lambda: _study_a_store("dram").capacity_bytes,
+    dram_tier_bytes: float = Field(default_factory=lambda: _study_a_bill("dram").dram_bytes,
                                    gt=0, description="DRAM tier size drawn on A6 (default: "
                                    "study A's server spec)")
-    n_drives: int = Field(default_factory=lambda: _study_a_store("flash").drives, gt=0,
+    n_drives: int = Field(default_factory=lambda: _study_a_bill("flash").drives, gt=0,
                           description="drives of the flash array (default: study A's spec)")
     drive_capacity_bytes: float = Field(
-        default_factory=lambda: _study_a_store("flash").drive_tb * 1e12, gt=0)
+        default_factory=lambda: _study_a_bill("flash").drive_tb * 1e12, gt=0)
     drive_rating_dwpd: float = Field(3.0, gt=0)
-    raid_level: str = Field(default_factory=lambda: _study_a_store("flash").raid_level,
+    raid_level: str = Field(default_factory=lambda: _study_a_bill("flash").raid_level,
                             description="layout of the flash array")
     compare_raid_level: str = Field("RAID0", description="second layout on A7")
     write_rate_bytes_s: float = Field(1.9e9, gt=0, description="sustained KV writes (A7)")

@@ -222,10 +222,11 @@ class StudyACampaign:
 
 
 def dram_capacity_bytes(spec: ServerSpec, tier: str = "dram") -> float | None:
-    """Bytes of the store named "dram" in tier `tier` (None when there is no such tier)."""
+    """Bytes of host DRAM that tier `tier` holds KV in, from its stores' bills (the DRAM
+    tier: its one DRAM store); None when there is no such tier."""
     if tier not in spec.tiers:
         return None
-    return sum(s.capacity_bytes for s in spec.tiers[tier].stores if s.name == "dram")
+    return sum(s.bill().dram_bytes for s in spec.tiers[tier].stores)
 
 
 def study_a_max_in_flight() -> int | None:

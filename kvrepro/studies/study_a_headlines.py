@@ -19,20 +19,20 @@ import pandas as pd
 
 from kvrepro._checks import require_columns
 from kvrepro.analysis.runs import (
-    _THROUGHPUT_NEEDS,
+    THROUGHPUT_NEEDS,
     TTFT_COLUMNS,
-    _capacity_column,
-    _fill_counters,
-    _store_of,
-    _succeeded,
-    _ttft_s,
+    capacity_column,
     early_spread,
+    fill_counters,
     fill_time_s,
     gain_over_baseline_at_peak,
     peak,
     plateau,
+    request_ttft_s,
     resume_stats,
     smooth_rates,
+    store_of,
+    succeeded,
     throughput_over_time,
     ttft_over_time,
 )
@@ -163,10 +163,10 @@ def _a4_headlines(records: pd.DataFrame, s: StudyASettings, roles: dict[str, str
                   dram_fill_s: float) -> dict[str, float]:
     out: dict[str, float] = {}
     data = records[records["tier"].isin(roles.values()) & ~records["is_warmup"].astype(bool)]
-    early = data[_succeeded(data) & ~data["is_resume"].astype(bool)
+    early = data[succeeded(data) & ~data["is_resume"].astype(bool)
                  & (data["send_s"] < s.early_window_s)]
     if len(early):
-        out["A4.ttft_cached"] = float(_ttft_s(early).median())
+        out["A4.ttft_cached"] = float(request_ttft_s(early).median())
     curves = study_a_ttft(data, s) if len(data) else pd.DataFrame(columns=list(TTFT_COLUMNS))
     if "baseline" in roles:
         part = curves[curves["tier"] == roles["baseline"]]
@@ -187,11 +187,13 @@ def _flash_late_ratio(data: pd.DataFrame, s: StudyASettings, roles: dict[str, st
     if "flash" not in roles or len(roles) < 2:
         return {}
     end_s = s.run_s if s.run_s is not None else float(data["send_s"].max())
-    late = data[_succeeded(data) & (data["send_s"] >= end_s / 2)]
-    medians = _ttft_s(late).groupby(late["tier"]).median()
-    others = [medians.get(t, math.nan) for r, t in roles.items() if r != "flash"]
+    late = data[succeeded(data) & (data["send_s"] >= end_s / 2)]
+    medians = request_ttft_s(late).groupby(late["tier"]).median()
+    other_roles = dict(roles)
+    flash_tier = other_roles.pop("flash")
+    others = [medians.get(t, math.nan) for t in other_roles.values()]
     best = min(others) if others else math.nan
-    return {"A4.flash_late_ratio": float(medians.get(roles["flash"], math.nan) / best)}
+    return {"A4.flash_late_ratio": float(medians.get(flash_tier, math.nan) / best)}
 
 
 def _a5_headlines(records: pd.DataFrame, roles: dict[str, str], common: bool
@@ -218,9 +220,9 @@ def _dram_fill_s(samples: pd.DataFrame | None, s: StudyASettings) -> float:
         return math.nan
     tier = s.dram if "tier" in samples.columns else None
     data = samples if tier is None else samples[samples["tier"] == tier]
-    store = _store_of(s.dram_bytes_column)
-    if (s.dram_capacity_bytes is None and not _fill_counters(data, store)
-            and _capacity_column(data, store) is None):
+    store = store_of(s.dram_bytes_column)
+    if (s.dram_capacity_bytes is None and not fill_counters(data, store)
+            and capacity_column(data, store) is None):
         return math.nan
     return fill_time_s(samples, s.dram_bytes_column, s.dram_capacity_bytes, tier=tier)
 
@@ -253,7 +255,7 @@ def study_a_headlines(records: pd.DataFrame, samples: pd.DataFrame | None = None
     number, otherwise the most resumes any tier saw).
     """
     s = _settings(settings, changes)
-    require_columns(records, [*_THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
+    require_columns(records, [*THROUGHPUT_NEEDS, "send_s", "is_resume", "is_warmup"],
                      "study_a_headlines")
     roles = s.roles(records["tier"])
     if not roles:

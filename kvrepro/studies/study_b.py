@@ -40,10 +40,12 @@ import pandas as pd
 
 from kvrepro._checks import positive
 from kvrepro._paths import data_file
-from kvrepro.engines.sim.config import SimProfile, load_profile
+from kvrepro.engines.sim.config import SimProfile, sim_profile
 from kvrepro.engines.sim.engine import simulate
+from kvrepro.model_spec import ModelSpec
 from kvrepro.studies.microbench import TIER_LABELS, b6_summary
 from kvrepro.studies.reference import load_reference
+from kvrepro.tier_spec import ServerSpec, load_server, override_server
 from kvrepro.workload.base import Workload
 from kvrepro.workload.benchmarks import (
     MacrobenchSpec,
@@ -65,54 +67,84 @@ each measured request runs alone and its TTFT is the tier's best case, not a que
 # --------------------------------------------------------------------------- profile
 
 
+StudyBServer = ServerSpec | SimProfile
+"""What study B's functions take: the server spec (its what-ifs go through
+`kvrepro.tier_spec.override_server`, so they are the spec a deployment or the cost model
+would read), or a simulator profile already rendered (e.g. a measured flash drive's,
+`kvrepro.studies.flash_profile`, which has no spec)."""
+
+
+def study_b_spec(path: str | Path | None = None) -> ServerSpec:
+    """The study-B server spec (`data/servers/study_b.yaml` unless `path` is given)."""
+    return load_server(path if path else data_file("servers", "study_b.yaml"))
+
+
 def study_b_profile(path: str | Path | None = None) -> SimProfile:
-    """The study-B server profile (`data/servers/study_b.yaml` unless `path` is given)."""
-    return load_profile(path if path else data_file("servers", "study_b.yaml"))
+    """The study-B server rendered for the simulator (`study_b_spec`)."""
+    return sim_profile(study_b_spec(path))
 
 
-def _rebuild(tree: dict) -> SimProfile:
-    """Validate an edited profile dump again (so an edit cannot break the schema silently)."""
+def _as_profile(server: StudyBServer) -> SimProfile:
+    return sim_profile(server) if isinstance(server, ServerSpec) else server
+
+
+def _model(server: StudyBServer) -> ModelSpec:
+    return server.model_spec() if isinstance(server, ServerSpec) else server.server.model_spec()
+
+
+def _with(server: StudyBServer, spec_overrides: dict[str, object],
+          profile_overrides: dict[str, object]) -> StudyBServer:
+    """`server` with a what-if: a spec through `override_server` (`spec_overrides`, dotted
+    spec paths); a rendered profile, which has no spec, by the same settings at its own
+    paths (`profile_overrides`), validated again."""
+    if isinstance(server, ServerSpec):
+        return override_server(server, spec_overrides)
+    tree = server.model_dump()
+    for dotted, value in profile_overrides.items():
+        *path, key = dotted.split(".")
+        node = tree
+        for part in path:
+            node = node[int(part) if isinstance(node, list) else part]
+        node[key] = value
     return SimProfile.model_validate(tree)
 
 
-def with_gpu_kv_tokens(profile: SimProfile, tokens: int,
-                       max_model_len: int | None = None) -> SimProfile:
-    """A copy of `profile` whose GPU KV pool holds `tokens` tokens (and, if given, whose
-    max_model_len is `max_model_len`: vLLM needs a pool of at least one such request)."""
-    tree = profile.model_dump()
-    kv_bytes = profile.server.model_spec().kv_bytes_per_token
-    tree["server"]["kv_cache_bytes"] = float(tokens * kv_bytes)
+def with_gpu_kv_tokens(server: StudyBServer, tokens: int,
+                       max_model_len: int | None = None) -> StudyBServer:
+    """A copy of `server` whose GPU KV pool (`engine.kv_cache_bytes`) holds `tokens` tokens
+    (and, if given, whose max_model_len is `max_model_len`: vLLM needs a pool of at least one
+    such request)."""
+    spec = {"engine.kv_cache_bytes": float(tokens * _model(server).kv_bytes_per_token)}
     if max_model_len is not None:
-        tree["server"]["max_model_len"] = int(max_model_len)
-    return _rebuild(tree)
+        spec["engine.max_model_len"] = int(max_model_len)
+    return _with(server, spec, {k.replace("engine.", "server."): v for k, v in spec.items()})
 
 
-def with_cache_capacity(profile: SimProfile, capacity_gb: float) -> SimProfile:
-    """A copy of `profile` with every offload store holding `capacity_gb` GB.
+def with_cache_capacity(server: StudyBServer, capacity_gb: float) -> StudyBServer:
+    """A copy of `server` with every offload store holding `capacity_gb` GB.
 
     B7 compares DRAM and SSD at equal capacity, so one number sets them all.
     """
     positive(capacity_gb=capacity_gb)
-    tree = profile.model_dump()
-    for tier in tree["tiers"].values():
-        for store in tier["stores"]:
-            store["capacity_bytes"] = capacity_gb * 1e9
-    return _rebuild(tree)
+    paths = {f"tiers.{name}.stores.{i}.capacity_bytes": capacity_gb * 1e9
+             for name, tier in server.tiers.items() for i in range(len(tier.stores))}
+    return _with(server, paths, paths)
 
 
-def microbench_profile(profile: SimProfile, spec: MicrobenchSpec,
-                       gpu_kv_tokens: int | None = None) -> SimProfile:
-    """The profile with the GPU KV pool shrunk for B6 (see the module docstring).
+def microbench_profile(profile: StudyBServer, spec: MicrobenchSpec,
+                       gpu_kv_tokens: int | None = None) -> StudyBServer:
+    """The server with the GPU KV pool shrunk for B6 (see the module docstring).
 
     Default: one request of the longest prompt plus its output, rounded up to whole blocks,
     which is also the max_model_len the run needs; a smaller pool than the fill round's
     reuse distance makes every measured prompt come from the offload tier.
     """
-    block = profile.server.block_tokens
+    engine = profile.engine if isinstance(profile, ServerSpec) else profile.server
+    block = engine.block_tokens
     need = max(spec.prompt_lengths) + spec.output_tokens
-    if need > profile.server.max_model_len:
+    if need > engine.max_model_len:
         raise ValueError(f"prompt_lengths up to {max(spec.prompt_lengths)} + output exceed "
-                         f"the profile's max_model_len {profile.server.max_model_len}")
+                         f"the profile's max_model_len {engine.max_model_len}")
     need = -(-need // block) * block
     if gpu_kv_tokens is not None and gpu_kv_tokens < need:
         raise ValueError(f"parameter 'gpu_kv_tokens' ({gpu_kv_tokens}) must hold the longest "
@@ -145,7 +177,7 @@ def _check_offload_served(rec: pd.DataFrame) -> None:
             f"{row['error']!r}); lower gpu_kv_tokens or space the requests further apart")
 
 
-def b6_records(profile: SimProfile | None = None, spec: MicrobenchSpec | None = None,
+def b6_records(profile: StudyBServer | None = None, spec: MicrobenchSpec | None = None,
                tiers: Sequence[str] = B6_TIERS,
                gpu_kv_tokens: int | None = None) -> pd.DataFrame:
     """Measure-round records of the B6 microbenchmark on each tier, concatenated.
@@ -154,7 +186,7 @@ def b6_records(profile: SimProfile | None = None, spec: MicrobenchSpec | None = 
     `offload_tokens` = `loaded_tokens_<tier>`, ...). Raises if the GPU served any of them.
     """
     spec = spec or MicrobenchSpec(gap_s=B6_GAP_S)
-    micro = microbench_profile(profile or study_b_profile(), spec, gpu_kv_tokens)
+    micro = _as_profile(microbench_profile(profile or study_b_spec(), spec, gpu_kv_tokens))
     workload = microbenchmark(spec)
     parts = []
     for tier in tiers:
@@ -165,7 +197,7 @@ def b6_records(profile: SimProfile | None = None, spec: MicrobenchSpec | None = 
     return pd.concat(parts, ignore_index=True)
 
 
-def run_b6(profile: SimProfile | None = None, spec: MicrobenchSpec | None = None,
+def run_b6(profile: StudyBServer | None = None, spec: MicrobenchSpec | None = None,
            tiers: Sequence[str] = B6_TIERS, gpu_kv_tokens: int | None = None) -> pd.DataFrame:
     """B6 end to end: `b6_summary(b6_records(...))`."""
     return b6_summary(b6_records(profile, spec, tiers, gpu_kv_tokens))
@@ -218,7 +250,7 @@ def _b7_point(records: pd.DataFrame, tier: str, qps: float, warmup_s: float,
             "n_requests": len(sent), "n_failed": int((records["error"] != "").sum())}
 
 
-def run_b7(profile: SimProfile | None = None,
+def run_b7(profile: StudyBServer | None = None,
            qps_values: Sequence[float] = (0.1, 0.2, 0.3, 0.4, 0.5),
            tiers: Sequence[str] = B7_TIERS, num_users: int = 20,
            user_history_tokens: int = 16_000, shared_prefix_tokens: int = 1_000,
@@ -231,9 +263,10 @@ def run_b7(profile: SimProfile | None = None,
     measured. `cache_capacity_gb` sets every offload store to the same size (None: the
     profile's, already equal). Columns: see `_b7_point`, plus `throughput_ktok_s`.
     """
-    profile = profile or study_b_profile()
+    server = profile or study_b_spec()
     if cache_capacity_gb is not None:
-        profile = with_cache_capacity(profile, cache_capacity_gb)
+        server = with_cache_capacity(server, cache_capacity_gb)
+    profile = _as_profile(server)
     rows = []
     for qps in qps_values:
         gap_s = num_users / qps
@@ -284,7 +317,7 @@ PCIE_GEN5_X16_BYTES_S = 64e9
 """Host link of study B's H100 PCIe: Gen5 x16, ~64 GB/s each way (B4's 64 GB/s for H100)."""
 
 
-def b7_scale(profile: SimProfile | None = None, axis_throughput_tok_s: float = 300e3,
+def b7_scale(profile: StudyBServer | None = None, axis_throughput_tok_s: float = 300e3,
              axis_ttft_s: tuple[float, float] = (5.0, 20.0),
              qps_range: tuple[float, float] = (0.1, 0.5)) -> pd.DataFrame:
     """What B7's axes imply about its workload, read the way LMCache's multi-round QA
@@ -296,8 +329,7 @@ def b7_scale(profile: SimProfile | None = None, axis_throughput_tok_s: float = 3
     compared with. From the study's server (`study_b.yaml`) and `kvrepro.calc.roofline`."""
     from kvrepro.calc.roofline import prefill_time_s
 
-    profile = profile or study_b_profile()
-    server = profile.server
+    server = _as_profile(profile or study_b_spec()).server
     model, gpu = server.model_spec(), server.gpu_spec()
     kv = model.kv_bytes_per_token
     per_request = axis_throughput_tok_s / qps_range[1]
@@ -378,5 +410,5 @@ def _qps_id(qps: float) -> str:
 __all__ = ["B6_TIERS", "B7_LABELS", "B7_TIERS", "TIER_LABELS", "b6_records", "b6_summary",
            "b7_differences", "b7_scale", "b7_versus_study", "b7_workload",
            "microbench_profile", "run_b6", "run_b7",
-           "study_b_headlines", "study_b_profile", "with_cache_capacity",
+           "study_b_headlines", "study_b_profile", "study_b_spec", "with_cache_capacity",
            "with_gpu_kv_tokens"]

@@ -6,8 +6,12 @@ live path must be proven for real.
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
+import yaml
+
+from kvrepro.tier_spec import ServerSpec, shipped_server
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -19,3 +23,42 @@ def require_vllm() -> None:
     if os.environ.get("CI", "").lower() == "true":
         pytest.fail("vllm is not installed in CI: `make test` should have run `make live-cpu`")
     pytest.skip("vllm not installed (run `make live-cpu`)")
+
+
+SHARED_TIER = "shared"
+
+
+def shared_fs_server(share: Path | str, l1_bytes: float = 32 * 2**20) -> ServerSpec:
+    """The shipped tiny server (data/servers/cpu_tiny.yaml) with one more tier, `shared`: a
+    small LMCache L1 (dram) and a `shared_fs` store in the folder `share`, added here rather
+    than in shipped YAML. The share's twin bandwidths are cpu_tiny's flash store's: on this
+    machine the share is a local folder. Its eviction is `none`, as LMCache's fs adapter's;
+    files already in the share (a note the test leaves there) are allowed and kept."""
+    spec = shipped_server("cpu_tiny")
+    tree = spec.model_dump(mode="json")
+    flash = next(s for s in spec.tier("flash").stores if s.folder() is not None)
+    l1 = {**tree["tiers"]["dram"]["stores"][0], "capacity_bytes": l1_bytes}
+    share_store = {"name": "share", "kind": "shared_fs", "path": str(share),
+                   "capacity_bytes": 2**30, "eviction": "none",
+                   "read_bw_bytes_s": flash.read_bw_bytes_s,
+                   "write_bw_bytes_s": flash.write_bw_bytes_s, "allow_existing_files": True}
+    tree["tiers"][SHARED_TIER] = {**tree["tiers"]["dram"], "name": SHARED_TIER,
+                                  "stores": [l1, share_store]}
+    return ServerSpec.model_validate(tree)
+
+
+def write_server(spec: ServerSpec, path: Path) -> Path:
+    """`spec` as a server spec file (what a fleet spec's `server` names)."""
+    path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    return path
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free (a two-instance fleet's ports)."""
+    from kvrepro.engines.live.processes import free_port, port_in_use
+
+    for _ in range(50):
+        port = free_port()
+        if not port_in_use("127.0.0.1", port + 1):
+            return port
+    raise RuntimeError("no two consecutive free ports")

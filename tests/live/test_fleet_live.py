@@ -34,7 +34,7 @@ from kvrepro.engines.live.processes import (
     port_in_use,
 )
 from kvrepro.fleet_spec import shipped_fleet
-from tests.live.conftest import require_vllm
+from tests.live.conftest import free_port_pair, require_vllm
 
 pytestmark = pytest.mark.live
 PROMPT_TOKENS = 7600
@@ -50,15 +50,6 @@ def _complete(url: str, prompt: list[int], session: str) -> dict[str, Any]:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(request, timeout=120) as response:
         return json.load(response)
-
-
-def _free_pair() -> int:
-    """A port p with p and p + 1 free (the two instances' ports)."""
-    for _ in range(50):
-        port = free_port()
-        if not port_in_use("127.0.0.1", port + 1):
-            return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def _pids(deployment: FleetDeployment) -> set[int]:
@@ -113,7 +104,7 @@ def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
     require_vllm()
     fleet = shipped_fleet("cpu_tiny_2x").model_copy(update={
         "routing": "round_robin", "kv_pool": "shared", "tier": "dram",
-        "router_port": free_port(), "base_port": _free_pair()})
+        "router_port": free_port(), "base_port": free_port_pair()})
     shm_before = set(os.listdir(SHM_DIR))
     deployment = FleetDeployment(fleet, tmp_path / "fleet", pin_cpus=True)
     pids: set[int] = set()

@@ -91,7 +91,7 @@ def test_campaign_completes_and_server_is_gone(campaign, tiers) -> None:
         assert run.meta["status"] == "finished" and run.meta["engine"] == "live"
         command = (out / name / "command.txt").read_text()
         assert "-m vllm.entrypoints.openai.api_server" in command
-        assert f"--kv-cache-memory-bytes {tiers[name].kv_cache_memory_bytes}" in command
+        assert f"--kv-cache-memory-bytes {tiers[name].kv_cache_bytes_per_gpu()}" in command
         assert "Application startup complete" in (out / name / "server.log").read_text()
     assert server_pids(tiers["small-kv"].port) == []
 

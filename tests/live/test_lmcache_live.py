@@ -112,7 +112,7 @@ def test_flash_hits_come_from_the_disk_tier(flash) -> None:
     assert all(cached_again >= 7168 for _, _, _, cached_again in rows)
     assert lmc["lmcache_l2_hit_tokens"] >= 4 * 7168  # skip_l1: served from L2
     assert lmc["lmcache_l2_store_chunks"] >= 4 * 28 and lmc["lmcache_l2_load_chunks"] > 0
-    files = list(Path(flash.tier.disk_dir).rglob("*.data"))
+    files = list(Path(flash.tier.folders[0].path).rglob("*.data"))
     assert len(files) >= 4 * 28
 
 
@@ -122,7 +122,8 @@ def test_disk_tier_capacity_holds_within_lmcaches_soft_margin(flash) -> None:
     limit = 64 * 2**20
     deadline, used = time.monotonic() + 20, float("inf")
     while time.monotonic() < deadline:  # fs_native evicts asynchronously
-        used = sum(p.stat().st_size for p in Path(flash.tier.disk_dir).rglob("*") if p.is_file())
+        folder = Path(flash.tier.folders[0].path)
+        used = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
         if used <= 1.0 * limit:
             break
         time.sleep(0.25)
@@ -174,7 +175,7 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
 
         proc = self.lmcache.process
         killed["pids"] = group_pids(proc.pid) | group_pids(self.vllm.process.pid)
-        records, disk = self.run_dir / "records.jsonl", Path(self.tier.disk_dir)
+        records, disk = self.run_dir / "records.jsonl", Path(self.tier.folders[0].path)
 
         def kill_when_busy() -> None:
             deadline = time.monotonic() + 60
@@ -201,7 +202,7 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     assert killed["records_before"] >= 1 and killed["files_before"] >= 1, killed
     assert pids and not [p for p in pids if _alive(p)]
     assert not _shm_now() - shm_before
-    assert not list(Path(tier.disk_dir).rglob("*"))  # the run's files are gone
+    assert not list(Path(tier.folders[0].path).rglob("*"))  # the run's files are gone
     run = read_run(tmp_path / "run")
     assert run.meta["status"].startswith("failed: ServerError")
     assert len(run.records) > 0  # what finished before the kill stays on disk

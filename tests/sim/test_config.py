@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from kvrepro.engines.sim import OffloadTier, ServerProfile, SimProfile, SimTier, load_profile
-from kvrepro.engines.sim.config import capacity_chunks
+from kvrepro.engines.sim.config import capacity_chunks, server_record, tier_record
 from kvrepro.model_spec import get_model
 from tests.sim.conftest import PROFILE_PATH
 
@@ -106,16 +106,34 @@ def test_store_names_unique_in_the_spec_and_the_twin_alike() -> None:
         SimTier(stores=[a, a])
 
 
-def test_run_folders_record_the_keys_they_always_had(profile: SimProfile) -> None:
-    """meta.json keeps its keys after the rename to the spec's names (old and new run
-    folders read the same); the derived flags are recorded as they were."""
+def test_run_folders_record_the_spec_names(profile: SimProfile) -> None:
+    """meta.json records each setting under the spec's one name (plus what the twin derives
+    from them); the derived flags are recorded as they were."""
     tier = profile.tier("flash")
     record = tier.meta_record()
-    assert list(record) == ["name", "offload", "write_through", "load_async", "save_decode_kv",
-                            "skip_l1", "gpu_kv_bytes", "lookup_s", "lookup_async",
-                            "connector_step_s", "connector_request_s"]
-    assert record["offload"] == [s.model_dump(mode="json") for s in tier.stores]
+    assert list(record) == ["name", "stores", "lmcache", "kv_cache_bytes", "twin_lookup_s",
+                            "twin_connector_step_s", "twin_connector_request_s",
+                            "twin_write_back", "lmcache_mode", "load_async", "lookup_async",
+                            "skip_l1"]
+    assert record["stores"] == [s.model_dump(mode="json") for s in tier.stores]
+    assert tier_record(record) == record  # already in the spec's names
     server = profile.meta_record()["server"]
-    assert list(server)[-6:] == ["model", "gpu_kv_bytes", "block_tokens", "max_batched_tokens",
-                                 "max_num_seqs", "max_model_len"]
-    assert server["gpu_kv_bytes"] == profile.server.kv_cache_bytes
+    assert server["kv_cache_bytes"] == profile.server.kv_cache_bytes
+    assert server["max_num_batched_tokens"] == profile.server.max_num_batched_tokens
+    assert "gpu_kv_bytes" not in server and "max_batched_tokens" not in server
+
+
+def test_old_run_folders_read_under_the_spec_names(profile: SimProfile) -> None:
+    """A meta.json written before the rename (the twin's former names) reads the same."""
+    tier = profile.tier("flash")
+    old = {"name": "flash", "offload": [s.model_dump(mode="json") for s in tier.stores],
+           "write_through": True, "load_async": False, "save_decode_kv": False,
+           "skip_l1": False, "gpu_kv_bytes": None, "lookup_s": 0.001, "lookup_async": False,
+           "connector_step_s": 0.002, "connector_request_s": 0.003}
+    read = tier_record(old)
+    assert read["stores"] == old["offload"] and read["twin_write_back"] is False
+    assert read["lmcache"] == {"save_decode_cache": False}
+    assert (read["kv_cache_bytes"], read["twin_lookup_s"], read["twin_connector_step_s"],
+            read["twin_connector_request_s"]) == (None, 0.001, 0.002, 0.003)
+    server = server_record({"model": "m", "gpu_kv_bytes": 1.0, "max_batched_tokens": 8})
+    assert server == {"model": "m", "kv_cache_bytes": 1.0, "max_num_batched_tokens": 8}

@@ -291,3 +291,66 @@ def test_simulate_fleet_takes_a_fleet_file(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(from_path.records, from_spec.records)
     with pytest.raises(ValueError, match="max_in_flight"):
         simulate_fleet(workload, _fleet(), max_in_flight=0)
+
+
+# ---------------------------------------------------------------------- a shared store
+
+SHARED_TIERS = """
+  shared:
+    stores:
+      - {name: dram, kind: dram, capacity_bytes: 67108864, read_bw_bytes_s: 2.0e9,
+         write_bw_bytes_s: 2.0e9}
+      - {name: share, kind: shared_fs, capacity_bytes: 1.0e10, read_bw_bytes_s: 0.5e9,
+         write_bw_bytes_s: 0.5e9, object_latency_s: 0.001, reads_in_flight: 4}
+"""
+
+
+def _shared_fs_fleet(tmp_path: Path, tier: str) -> FleetSpec:
+    """The test server with a tier whose second store is a shared filesystem, as a fleet of
+    two private pools serving `tier`."""
+    server = tmp_path / "server.yaml"
+    server.write_text(PROFILE_PATH.read_text() + SHARED_TIERS)
+    return _fleet(server=str(server), tier=tier, kv_pool="private")
+
+
+def _handed_over() -> Workload:
+    """One session of two turns: round robin sends the first to instance 0 and the second
+    (its 1000 tokens + 500) to instance 1."""
+    return table_workload([(0, 0, 0.0, 0.0, 1000, 2), (0, 1, 0.5, NAN, 500, 2)], {0: 0.0})
+
+
+def test_a_shared_fs_store_is_one_store_for_private_pools(tmp_path: Path) -> None:
+    """A prompt computed on instance 0 is a hit on instance 1 through the shared filesystem,
+    while each instance keeps its own DRAM store; with private flash stores instead (the
+    same tier shape) it is not."""
+    chunk_bytes = CHUNK_TOKENS * KV_BYTES_PER_TOKEN
+    result = simulate_fleet(_handed_over(), _shared_fs_fleet(tmp_path, "shared"))
+    assert result.shared_names == ["share"]
+    second = _row(result, 0, 1)
+    assert second.instance == 1 and second.routed_away
+    assert second.loaded_tokens_share == 1000 // CHUNK_TOKENS * CHUNK_TOKENS  # 3 chunks
+    assert second.loaded_tokens_dram == 0  # instance 1's own DRAM store never saw them
+    assert second.cached_prompt_tokens == second.loaded_tokens_share
+    heads = fleet_headlines(result)
+    # the one store holds 5 chunks (3, then 2 more); counted once, not per instance
+    assert heads["share_peak_bytes_used"] == 5 * chunk_bytes
+    assert heads["share_capacity_bytes"] == pytest.approx(1.0e10 // chunk_bytes * chunk_bytes)
+    # its traffic is each instance's own, summed: 3 chunks written by 0, 2 by 1
+    assert result.samples.groupby("instance").share_bytes_written.max().sum() == 5 * chunk_bytes
+    assert heads["cross_instance_hit_share"] == pytest.approx(768 / 1500)
+
+    private = simulate_fleet(_handed_over(), _shared_fs_fleet(tmp_path, "flash"))
+    assert private.shared_names == []
+    assert _row(private, 0, 1).instance == 1
+    assert _row(private, 0, 1).cached_prompt_tokens == 0  # instance 1's flash is its own
+    assert fleet_headlines(private)["flash_peak_bytes_used"] == (3 + 5) * chunk_bytes
+
+
+def test_a_shared_pool_keeps_a_shared_store_at_its_own_capacity() -> None:
+    tier = load_profile(PROFILE_PATH).tier("dram")
+    share = tier.stores[0].model_copy(update={"name": "share", "shared": True})
+    both = tier.model_copy(update={"stores": [tier.stores[0], share]})
+    pooled = pool_tier(both, FleetSpec(server=str(PROFILE_PATH), tier="dram",
+                                       shared_pool={"capacity_scale": 4}).shared_pool)
+    assert pooled.stores[0].capacity_bytes == 4 * tier.stores[0].capacity_bytes
+    assert pooled.stores[1].capacity_bytes == share.capacity_bytes

@@ -7,7 +7,7 @@ from kvrepro.fleet_spec import shipped_fleet
 from kvrepro.studies.fleet_study import (
     capacity_for_hit_share,
     flash_array,
-    fleet_dwpd,
+    fleet_dwpd_table,
     fleet_points,
 )
 from kvrepro.studies.whatif import check_default_point
@@ -52,7 +52,7 @@ def test_fleet_dwpd_by_hand() -> None:
     # drive a day = 0.1 DWPD with RAID0, twice that with RAID10 (every byte written twice).
     table = pd.DataFrame({"n_servers": [8], "routing": ["session_affinity"],
                           "kv_pool": ["shared"], "flash_bytes_written_per_day": [81.92e12]})
-    out = fleet_dwpd(table, 8, 12.8e12, ["RAID0", "RAID10"]).set_index("raid_level")
+    out = fleet_dwpd_table(table, 8, 12.8e12, ["RAID0", "RAID10"]).set_index("raid_level")
     assert out.at["RAID0", "dwpd"] == pytest.approx(0.1)
     assert out.at["RAID10", "dwpd"] == pytest.approx(0.2)
     assert set(out.n_drives) == {64}

@@ -8,7 +8,9 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
+from kvrepro.calc import economics
 from kvrepro.engines.sim import load_profile
+from kvrepro.engines.sim.config import sim_profile
 from kvrepro.plots import study_b_figures as bfigs
 from kvrepro.reproduce import reproduce
 from kvrepro.studies import study_b as studyb
@@ -49,6 +51,20 @@ def test_profile_loads_with_equal_capacity() -> None:
     assert stores["opt"].chunk_tokens > stores["ssd1"].chunk_tokens == 256
     resized = studyb.with_cache_capacity(profile, 42.0)
     assert {t.stores[0].capacity_bytes for t in resized.tiers.values()} == {42e9}
+
+
+def test_what_ifs_go_through_the_server_spec() -> None:
+    """On the spec, study B's what-ifs are `override_server`'s: the spec a deployment or the
+    cost model reads carries them, and the twin renders the same profile as the edit of a
+    rendered profile gives."""
+    spec = studyb.study_b_spec()
+    resized = studyb.with_cache_capacity(spec, 42.0)
+    assert economics.tier_hardware(resized.tier("mem")).dram_bytes == 42e9
+    assert sim_profile(resized) == studyb.with_cache_capacity(studyb.study_b_profile(), 42.0)
+    micro = studyb.microbench_profile(spec, MicrobenchSpec(**SMALL_MICRO))
+    assert micro.engine.kv_cache_bytes < spec.engine.kv_cache_bytes
+    assert sim_profile(micro) == studyb.microbench_profile(studyb.study_b_profile(),
+                                                           MicrobenchSpec(**SMALL_MICRO))
 
 
 def test_mem_ratio_is_one(b6: pd.DataFrame) -> None:

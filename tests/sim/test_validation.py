@@ -134,7 +134,8 @@ def test_fit_recovers_the_parameters_of_a_simulated_run() -> None:
     assert fit.n_prefill > 200 and fit.prefill_rms_s < 1e-9 and fit.compute_bound_share == 1
 
 
-TINY_TIER_CONFIG = {"kv_cache_memory_bytes": 2**24, "max_num_batched_tokens": 2048,
+TINY_TIER_CONFIG = {"name": "baseline", "kind": "baseline", "model": "kvrepro:tiny",
+                    "kv_cache_bytes": 2**24, "max_num_batched_tokens": 2048,
                     "max_model_len": 8192}
 
 
@@ -289,6 +290,24 @@ def test_profile_for_run_takes_lmcaches_sizes_from_the_run(shipped) -> None:
     assert dram.stores[0].capacity_bytes == 64 * 2**20  # the run's L1, not the spec's 512
     assert dram.twin_connector_request_s == shipped[0].tiers["dram"].twin_connector_request_s > 0
     assert profile.server.kv_cache_bytes == 12 * 2**20
+
+
+def test_a_tensor_parallel_run_is_simulated_with_its_whole_kv_budget(shipped) -> None:
+    """Issue 39: vLLM's --kv-cache-memory-bytes is per GPU, so the renderer divides the spec's
+    KV budget by the TP size there; the twin reads the rendered tier config back and must
+    serve the whole group's budget (it used to get 1/TP of it). Old run folders recorded the
+    per-GPU number (`kv_cache_memory_bytes`): it is read back times their TP size."""
+    from kvrepro.engines.live.tiers import live_tier
+    from kvrepro.tier_spec import override_server, shipped_server
+
+    spec = override_server(shipped_server("cpu_tiny"), {"live.tensor_parallel_size": 2})
+    total = spec.kv_cache_bytes("large-kv")  # 256 MiB: half of it is served too
+    meta = {"tier": "large-kv", "tier_config": live_tier(spec, "large-kv").meta_record()}
+    assert validate.profile_for_run(shipped[0], meta).server.kv_cache_bytes == total
+    old = {key: value for key, value in meta["tier_config"].items()
+           if key not in ("kv_cache_bytes", "folders", "native_offload")}
+    old_meta = {"tier": "large-kv", "tier_config": {**old, "kv_cache_memory_bytes": total // 2}}
+    assert validate.profile_for_run(shipped[0], old_meta).server.kv_cache_bytes == total
 
 
 @pytest.fixture(scope="module")

@@ -164,7 +164,7 @@ def test_an_async_load_leaves_the_inflight_prefills_their_blocks(
     assert plan.requests == [a] and a.blocks == 4 and a in sched.inflight_prefills
     assert sched.reserved_blocks() == 4 and sched.gpu.available_blocks() == 6
     assert b.state == RequestState.WAITING and sched.loading == 0
-    adm = sched._admission(b, now_s, 32)
+    adm = sched.admission(b, now_s, 32)
     assert adm.loads_async and adm.ext_end == 48 and adm.alloc == 3 and adm.need == 7
     # once the prefill is done and its blocks are free, the load goes in
     _run_until(sched, now_s, lambda: b.state != RequestState.WAITING)
@@ -207,9 +207,9 @@ def test_lmcache_mp_loads_nothing_for_a_preempted_request(profile: SimProfile, m
     sched = _scheduler(profile, blocks=40, budget=64, tier=_async_tier(profile, mode))
     req = _request(1, prompt=64, output=3)
     _store_prompt(sched, req)
-    assert sched._admission(req, T0, 64).ext_end == 63
+    assert sched.admission(req, T0, 64).ext_end == 63
     req.preemptions = 1
-    assert (sched._admission(req, T0, 64).ext_end == 63) is loads
+    assert (sched.admission(req, T0, 64).ext_end == 63) is loads
 
 
 def test_a_loaded_request_waits_until_its_whole_sequence_fits_and_blocks_the_queue(

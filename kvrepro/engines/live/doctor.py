@@ -2,15 +2,18 @@
 
 Every check a live campaign would otherwise fail on late, each one line with pass / fail and
 why: the GPUs (their count against tensor parallelism, their memory against the weights plus
-the engine's KV budget) or, for a CPU server, the CPUs of its placement; host DRAM against the
-largest L1 (and, on CPUs, the engine's memory); each flash store's folder (exists or can be
-made, free space against its capacity, its filesystem, one chunk written and read back with
-O_DIRECT); fio; the server's port; the installed vllm / lmcache / vllm-router against the pins
-(`kvrepro.engines.live.pins`); the model. It starts no server and leaves nothing behind: the
-probe file (`kvrepro._files.own_file`: O_EXCL | O_NOFOLLOW, written and read only through its
-descriptor, never reopened by name) and any folder it makes are its own, and removed on every
-way out (SIGTERM and SIGINT too, under the CLI's `stop_on_signals`). A flash folder is judged
-by the run's own rules (`ownership.DiskFolder.check`), so the doctor and a run never disagree.
+the engine's KV budget) or, for a CPU server, the CPUs of its placement; host DRAM against
+the stores that take it (each store's bill says how much, `StoreBase.bill`; and, on CPUs,
+the engine's memory); each store folder of a tier (`TierSpec.folders`): a flash store's
+(exists or can be made, free space against its capacity, its filesystem, one chunk written
+and read back with O_DIRECT) and a shared filesystem's (exists or can be made and is
+writable, free space, its filesystem, named `shared`); fio; the server's port; the installed
+vllm / lmcache / vllm-router against the pins (`kvrepro.engines.live.pins`); the model. It
+starts no server and leaves nothing behind: the probe file (`kvrepro._files.own_file`:
+O_EXCL | O_NOFOLLOW, written and read only through its descriptor, never reopened by name)
+and any folder it makes are its own, and removed on every way out (SIGTERM and SIGINT too,
+under the CLI's `stop_on_signals`). A store folder is judged by the run's own rules
+(`ownership.DiskFolder.check`), so the doctor and a run never disagree.
 """
 
 from __future__ import annotations
@@ -31,10 +34,15 @@ from pathlib import Path
 import psutil
 
 from kvrepro._files import own_file
-from kvrepro.engines.live.ownership import DiskFolder, FolderRefused, flash_path
+from kvrepro.engines.live.ownership import (
+    FolderRefused,
+    flash_path,
+    store_folder_owner,
+)
 from kvrepro.engines.live.pins import VLLM_DISTRIBUTION, installed_version, pinned_packages
 from kvrepro.engines.live.processes import port_in_use
-from kvrepro.tier_spec import TINY_MODEL, ServerSpec, StoreSpec, parse_cpu_list
+from kvrepro.stores import RUN_DIR, StoreBase, StoreFolder
+from kvrepro.tier_spec import TINY_MODEL, ServerSpec, parse_cpu_list
 
 VLLM_DEFAULT_GPU_UTILIZATION = 0.9  # vLLM's --gpu-memory-utilization default
 IN_MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs"}
@@ -139,11 +147,12 @@ def cpu_check(spec: ServerSpec) -> Check:
 
 
 def dram_checks(spec: ServerSpec, tiers: list[str], available_bytes: float) -> list[Check]:
-    """Host DRAM available against each tier's DRAM stores (L1, staging; LMCache allocates
-    them at start) and, on a CPU server, the engine's weights and KV budget too."""
+    """Host DRAM available against each tier's stores that take it (L1, staging: the host
+    DRAM of their bill; LMCache allocates them at start) and, on a CPU server, the engine's
+    weights and KV budget too."""
     checks = []
     for name in tiers:
-        need = sum(s.capacity_bytes for s in spec.tier(name).stores if s.kind == "dram")
+        need = sum(s.bill().dram_bytes for s in spec.tier(name).stores)
         parts = [f"DRAM stores {need / GB:.2f} GB"]
         if spec.live.device == "cpu":
             weights, kv = spec.model_spec().weight_bytes, spec.kv_cache_bytes(name)
@@ -274,76 +283,103 @@ def _odirect_why(err: OSError, chunk_bytes: int) -> str:
     return f"{err.strerror or err} ({errno.errorcode.get(err.errno or 0, err.errno)})"
 
 
-def _filesystem_check(subject: str, store: StoreSpec, folder: Path) -> tuple[Check, bool]:
+NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "lustre", "ceph", "fuse.cephfs",
+                       "glusterfs", "fuse.glusterfs", "beegfs", "gpfs", "fuse.juicefs",
+                       "9p", "virtiofs", "efs", "fuse.gcsfuse", "fuse.s3fs"}
+"""Filesystems other servers can mount too: a shared store's folder on another one is shared
+only by the servers of this machine (the doctor says so, and passes it)."""
+
+
+def _label(folder: StoreFolder) -> str:
+    """How the checks of a folder are named: `shared` (a fleet's shared store) or `flash`."""
+    return "shared" if folder.shared else "flash"
+
+
+def _filesystem_check(subject: str, store: StoreBase, folder_spec: StoreFolder, folder: Path
+                      ) -> tuple[Check, bool]:
     """The filesystem line, and whether the folder lies where the spec's drive array is not
     (its array not mounted: the root filesystem instead)."""
+    label, bill = _label(folder_spec), store.bill()
     fstype, device, mount = filesystem_of(folder)
     in_memory, pseudo = fstype in IN_MEMORY_FILESYSTEMS, fstype in PSEUDO_FILESYSTEMS
-    unmounted = bool(store.drives) and mount == "/"
+    unmounted = bool(bill.drives) and mount == "/"
+    where = ""
+    if folder_spec.shared and not (in_memory or pseudo):
+        where = ("; a network filesystem" if fstype in NETWORK_FILESYSTEMS else
+                 "; a local filesystem: only the servers of this machine share it")
     return Check(
-        "flash filesystem", subject, not (in_memory or pseudo or unmounted),
+        f"{label} filesystem", subject, not (in_memory or pseudo or unmounted),
         f"{fstype} ({device} on {mount})"
         + ("; a kernel filesystem, not storage" if pseudo else "")
-        + ("; in memory: the flash tier would measure DRAM" if in_memory and not pseudo else "")
-        + (f"; the root filesystem, not the {store.drives}-drive {store.raid_level or ''} "
+        + (f"; in memory: the {label} tier would measure DRAM" if in_memory and not pseudo
+           else "") + where
+        + (f"; the root filesystem, not the {bill.drives}-drive {bill.raid_level or ''} "
            "array the spec names: is it mounted there?" if unmounted else "")), unmounted
 
 
-def _path_and_probe(subject: str, store: StoreSpec, folder: Path, runs_dir: Path,
-                    chunk_bytes: int, unmounted: bool) -> list[Check]:
+def _path_and_probe(subject: str, store: StoreBase, folder_spec: StoreFolder, folder: Path,
+                    runs_dir: Path, chunk_bytes: int, unmounted: bool) -> list[Check]:
     """The path line (the run's own refusals, `DiskFolder.check`, then a file of ours made
-    there) and the O_DIRECT line (not tried where the run refuses the folder or the spec's
-    array is not mounted)."""
-    def not_tried(why: str) -> Check:
-        return Check("flash O_DIRECT", subject, False, f"not tried: {why}")
+    there) and, for a flash folder, the O_DIRECT line (not tried where the run refuses the
+    folder or the spec's array is not mounted). A shared folder gets no O_DIRECT line: its
+    store reads and writes through the page cache (LMCache's `fs` adapter)."""
+    label, probe = _label(folder_spec), not folder_spec.shared
+
+    def not_tried(why: str) -> list[Check]:
+        return [Check(f"{label} O_DIRECT", subject, False, f"not tried: {why}")] if probe else []
 
     existed = "exists" if folder.is_dir() else "can be made"
     try:
-        if store.path:  # else a new folder in the run's own: nothing there to refuse
-            DiskFolder(folder, allow_existing=store.allow_existing_files,
-                       run_dir=runs_dir).check()
+        if RUN_DIR not in folder_spec.path:  # else a new folder in the run's own: nothing
+            store_folder_owner(folder_spec, runs_dir).check()  # there to refuse
     except FolderRefused as err:
-        return [Check("flash path", subject, False, f"{err} (a run refuses it)"),
-                not_tried("a run refuses this folder")]
+        return [Check(f"{label} path", subject, False, f"{err} (a run refuses it)"),
+                *not_tried("a run refuses this folder")]
     except OSError as err:
-        return [Check("flash path", subject, False, f"{folder}: {err.strerror or err}"),
-                not_tried("the folder cannot be read")]
+        return [Check(f"{label} path", subject, False, f"{folder}: {err.strerror or err}"),
+                *not_tried("the folder cannot be read")]
     try:
         with made_folder(folder):
             with own_file(folder, _probe_prefix()):
                 pass  # writable: a file of ours can be made there
-            path = Check("flash path", subject, True, f"{folder} {existed}, writable")
+            path = Check(f"{label} path", subject, True, f"{folder} {existed}, writable")
+            if not probe:
+                return [path]
             if unmounted:
-                return [path, not_tried("the spec's drive array is not mounted; no probe "
-                                        "written on the root filesystem")]
+                return [path, *not_tried("the spec's drive array is not mounted; no probe "
+                                         "written on the root filesystem")]
+            io_mode = getattr(store, "io_mode", "buffered")
             try:
-                odirect = Check("flash O_DIRECT", subject, True, odirect_round_trip(
-                    folder, chunk_bytes) + f" (io_mode {store.io_mode})")
+                odirect = Check(f"{label} O_DIRECT", subject, True, odirect_round_trip(
+                    folder, chunk_bytes) + f" (io_mode {io_mode})")
             except OSError as err:
-                odirect = Check("flash O_DIRECT", subject, False,
+                odirect = Check(f"{label} O_DIRECT", subject, False,
                                 _odirect_why(err, probe_bytes(chunk_bytes)))
     except OSError as err:
-        return [Check("flash path", subject, False, f"{folder}: cannot be made or written: "
-                      f"{err.strerror or err}"), not_tried("the folder cannot be made")]
+        return [Check(f"{label} path", subject, False, f"{folder}: cannot be made or written: "
+                      f"{err.strerror or err}"), *not_tried("the folder cannot be made")]
     return [path, odirect]
 
 
-def flash_checks(subject: str, store: StoreSpec, folder: Path, chunk_bytes: int,
-                 runs_dir: Path) -> list[Check]:
-    """The four checks of one flash store's folder."""
-    filesystem, unmounted = _filesystem_check(subject, store, folder)
+def folder_checks(subject: str, store: StoreBase, folder_spec: StoreFolder, chunk_bytes: int,
+                  runs_dir: Path) -> list[Check]:
+    """The checks of one store folder: path, space, filesystem and, for a flash folder,
+    O_DIRECT (the checks are named `flash ...` or `shared ...`)."""
+    folder = folder_path(folder_spec, runs_dir)
+    filesystem, unmounted = _filesystem_check(subject, store, folder_spec, folder)
     free = shutil.disk_usage(_existing_ancestor(folder)).free
-    space = Check("flash space", subject, free >= store.capacity_bytes,
+    space = Check(f"{_label(folder_spec)} space", subject, free >= store.capacity_bytes,
                   f"{free / GB:,.2f} GB free; the store holds up to "
                   f"{store.capacity_bytes / GB:,.2f} GB")
-    path, odirect = _path_and_probe(subject, store, folder, runs_dir, chunk_bytes, unmounted)
-    return [path, space, filesystem, odirect]
+    path, *odirect = _path_and_probe(subject, store, folder_spec, folder, runs_dir,
+                                     chunk_bytes, unmounted)
+    return [path, space, filesystem, *odirect]
 
 
-def store_folder(store: StoreSpec, runs_dir: Path) -> Path:
-    """Where a flash store writes: its path (`file://` or not, as a run reads it), else
-    (`RUN_DISK_DIR`) inside a run folder."""
-    return flash_path(store.path) if store.path else runs_dir
+def folder_path(folder: StoreFolder, runs_dir: Path) -> Path:
+    """Where a store writes: its folder's path (`file://` or not, as a run reads it), or,
+    for a folder in the run's own (`{run_dir}/...`), the runs folder it will be made in."""
+    return runs_dir if RUN_DIR in folder.path else flash_path(folder.path)
 
 
 # --------------------------------------------------------------------------- the rest
@@ -457,10 +493,10 @@ def doctor(spec: ServerSpec, tiers: list[str] | None = None, runs_dir: str | Pat
     kv_per_token = spec.model_spec().kv_bytes_per_token
     for name in names:
         tier = spec.tier(name)
-        for store in (s for s in tier.stores if s.kind == "flash"):
-            folder = store_folder(store, Path(runs_dir))
-            checks += flash_checks(f"{name}/{store.name}", store, folder,
-                                   tier.chunk_tokens * kv_per_token, Path(runs_dir))
+        stores = {store.name: store for store in tier.stores}
+        for folder in tier.folders():
+            checks += folder_checks(f"{name}/{folder.store}", stores[folder.store], folder,
+                                    tier.chunk_tokens * kv_per_token, Path(runs_dir))
     checks += [fio_check(), port_check(spec.live.host, spec.live.port), *version_checks(spec),
                model_check(spec.live.model)]
     return checks

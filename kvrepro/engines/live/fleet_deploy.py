@@ -5,7 +5,11 @@ server is built from its tier spec: instance i is the fleet's tier rendered by
 `kvrepro.engines.live.tiers.live_tier`, listening on `base_port + i`. Its KV pool is
 
 * `private`: its own `lmcache server`, started and cleaned up by its `VllmServer` as for a
-  single server (a private disk tier gets its own sub-folder `i<i>` of the tier's path);
+  single server. A store folder of its own kind (a flash store's) becomes the instance's own
+  sub-folder `i<i>` of the store's path; a shared store's folder (`shared_fs`: one filesystem
+  for the whole fleet) stays the same for every instance, in the fleet's run folder by
+  default, and is owned once, by the deployment (`SharedFolders`: one lock, one clean-up),
+  so a chunk one instance wrote is found by the other;
 * `shared`: one `lmcache server` for all (`LMCachePool`, the tier's own LMCache command
   line), which every instance's `LMCacheMPConnector` talks to; a prompt computed on one
   instance can then be loaded by another (../shared/spec/LMCACHE_CPU.md saw it here).
@@ -50,7 +54,12 @@ from kvrepro.engines.live.client import (
     run_workload,
 )
 from kvrepro.engines.live.metrics import sample_metrics
-from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
+from kvrepro.engines.live.ownership import (
+    DiskFolder,
+    SharedMemory,
+    Watcher,
+    store_folder_owner,
+)
 from kvrepro.engines.live.pins import requirement
 from kvrepro.engines.live.placement import pinned_client
 from kvrepro.engines.live.processes import (
@@ -61,13 +70,14 @@ from kvrepro.engines.live.processes import (
     port_in_use,
     wait_gone,
 )
-from kvrepro.engines.live.runner import LiveOptions, _watch, describe_plans
+from kvrepro.engines.live.runner import LiveOptions, describe_plans, watch_alive
 from kvrepro.engines.live.server import DeployPlan, VllmServer, with_free_ports
 from kvrepro.engines.live.tiers import (
     TierConfig,
     format_command,
     live_tier,
     lmcache_server_command,
+    with_folder_paths,
     with_run_disk,
 )
 from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, FleetSpec
@@ -95,16 +105,12 @@ def run_name(fleet: FleetSpec) -> str:
 # --------------------------------------------------------------------------- tiers
 
 
-def _private_disk(tier: TierConfig, index: int) -> dict[str, Any]:
-    """A private pool's disk tier in its own sub-folder (two LMCache servers must not share
-    one folder of chunk files)."""
-    mp = tier.lmcache_mp
-    if tier.disk_dir is None or mp is None:
-        return {}
-    folder = f"{tier.disk_dir.rstrip('/')}/i{index}"
-    adapters = [{**a, "base_path": folder} if "base_path" in a else a for a in mp.l2_adapters]
-    return {"disk_dir": folder,
-            "lmcache_mp": mp.model_copy(update={"l2_adapters": adapters})}
+def _private_folders(tier: TierConfig, index: int) -> TierConfig:
+    """A private pool's instance `index`: each folder of a store of its own (not `shared`)
+    in its own sub-folder `i<index>` (two LMCache servers must not share one folder of chunk
+    files they each evict); a shared store's folder stays the fleet's one."""
+    return with_folder_paths(tier, {f.path: f"{f.path.rstrip('/')}/i{index}"
+                                    for f in tier.folders if not f.shared})
 
 
 def instance_placement(index: int, n_cpus: int) -> Placement:
@@ -129,10 +135,14 @@ def fleet_placement(fleet: FleetSpec, index: int, pin_cpus: bool) -> Placement:
 
 
 def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
-                pin_cpus: bool = False) -> list[TierConfig]:
+                pin_cpus: bool = False, run_dir: str | Path | None = None) -> list[TierConfig]:
     """Each instance's tier: the fleet's tier as one server runs it, on its own port, with its
-    own first served name; with a shared `pool` (its ports set), connected to it."""
+    own first served name; with a shared `pool` (its ports set), connected to it; with private
+    pools, each in its own sub-folders but for the shared stores' folders (`{run_dir}` in
+    those is the fleet's `run_dir`, when given)."""
     base = live_tier(fleet.server_spec(), fleet.tier)
+    if run_dir is not None:
+        base = with_run_disk(base, run_dir, lambda folder: folder.shared)
     if fleet.kv_pool == "shared" and base.lmcache_mp is not None and pool is None:
         raise ValueError(f"fleet tier {fleet.tier!r}: a shared pool's LMCache tier is needed "
                          "(LMCachePool.tier, with its ports)")
@@ -143,15 +153,16 @@ def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
             "name": f"{fleet.tier}@{i}", "port": fleet.base_port + i,
             "served_model_name": instance_model_name(name, i), "served_model_aliases": [name],
             "placement": fleet_placement(fleet, i, pin_cpus)}
-        if pool is not None:
-            update["lmcache_mp"] = pool.lmcache_mp
-        elif fleet.kv_pool == "private":
-            update.update(_private_disk(base, i))
-        tiers.append(base.model_copy(update=update))
+        if pool is not None:  # its LMCache server, and the folders it writes to
+            update.update(lmcache_mp=pool.lmcache_mp, folders=pool.folders)
+        tier = base.model_copy(update=update)
+        if pool is None and fleet.kv_pool == "private":
+            tier = _private_folders(tier, i)
+        tiers.append(tier)
     return tiers
 
 
-def pool_tier(fleet: FleetSpec, pin_cpus: bool = False) -> TierConfig | None:
+def shared_pool_tier(fleet: FleetSpec, pin_cpus: bool = False) -> TierConfig | None:
     """The shared LMCache server's tier (the fleet's tier, on the instances' shared CPUs;
     None: private pools or a tier without LMCache)."""
     base = live_tier(fleet.server_spec(), fleet.tier)
@@ -166,14 +177,12 @@ def pool_tier(fleet: FleetSpec, pin_cpus: bool = False) -> TierConfig | None:
 
 class LMCachePool:
     """The shared KV pool: one `lmcache server` (the tier's own command line, free ports) that
-    every instance connects to; its disk folder and shared memory are cleaned up on stop."""
+    every instance connects to; its store folders and shared memory are cleaned up on stop."""
 
     def __init__(self, tier: TierConfig, run_dir: str | Path, python: str):
         self.run_dir, self.python = Path(run_dir), python
         self.tier = with_run_disk(with_free_ports(tier), self.run_dir)
-        self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
-                                self.tier.allow_existing_disk_files, run_dir=self.run_dir)
-                     if self.tier.disk_dir else None)
+        self.disks = [store_folder_owner(f, self.run_dir) for f in self.tier.folders]
         self.process: ManagedProcess | None = None
         self.shm: SharedMemory | None = None
         self.watcher: Watcher | None = None
@@ -190,8 +199,8 @@ class LMCachePool:
         pids = self.process.track() if self.process is not None else set()
         if self.shm is not None:
             self.shm.sample(pids)
-        if self.disk is not None:
-            self.disk.sample()
+        for disk in self.disks:
+            disk.sample()
 
     def plan(self) -> DeployPlan:
         """Write its command line, environment and tier into its folder; start nothing."""
@@ -210,8 +219,8 @@ class LMCachePool:
         """Start the LMCache server and wait until its health check answers."""
         plan = self.plan()
         self.shm = SharedMemory()
-        if self.disk is not None:
-            self.disk.prepare()
+        for disk in self.disks:
+            disk.prepare()
         command = plan.commands["LMCache server"]
         env = self.shm.environment({**os.environ, **plan.env}, self.run_dir)
         self.process = ManagedProcess("shared LMCache server", command,
@@ -241,15 +250,61 @@ class LMCachePool:
         finally:
             if proc is not None:
                 wait_gone(proc.still_running())
-            for key, owner in (("shm_segments", self.shm), ("disk_files", self.disk)):
-                if owner is None:
-                    continue
-                try:
-                    self.cleaned[key] = owner.cleanup()
-                except OSError as err:
-                    owner.problems.append(str(err))
-                self.cleaned.setdefault("errors", []).extend(
-                    f"{key}: {problem}" for problem in owner.problems)
+            if self.shm is not None:
+                removed = _clean_up(self.cleaned, "shm_segments", self.shm)
+                if removed is not None:
+                    self.cleaned["shm_segments"] = removed
+            _clean_folders(self.cleaned, self.disks)
+
+
+def _clean_up(cleaned: dict[str, Any], key: str, owner: SharedMemory | DiskFolder) -> Any:
+    """`owner.cleanup()` (None when it failed), its problems into `cleaned["errors"]`, each
+    named by `key`."""
+    done = None
+    try:
+        done = owner.cleanup()
+    except OSError as err:
+        owner.problems.append(str(err))
+    cleaned.setdefault("errors", []).extend(f"{key}: {problem}" for problem in owner.problems)
+    return done
+
+
+def _clean_folders(cleaned: dict[str, Any], disks: list[DiskFolder]) -> None:
+    """Each folder's clean-up: `disk_files` (how many, over all) and `folder_files` (each)."""
+    for disk in disks:
+        removed = _clean_up(cleaned, "disk_files", disk)
+        if removed is not None:
+            cleaned["disk_files"] = cleaned.get("disk_files", 0) + removed
+            cleaned.setdefault("folder_files", {})[str(disk.path)] = removed
+
+
+class SharedFolders:
+    """The folders of a private-pool fleet's shared stores (`shared_fs`): every instance's
+    LMCache server writes there, so the deployment owns each once (one `DiskFolder`: the
+    folder lock would refuse a second owner), from before the first instance starts to after
+    the last one stopped, sampling what appears there while they run."""
+
+    def __init__(self, tier: TierConfig, run_dir: Path):
+        self.disks = [store_folder_owner(f, run_dir) for f in tier.folders if f.shared]
+        self.watcher: Watcher | None = None
+        self.cleaned: dict[str, Any] = {}
+
+    def start(self) -> None:
+        """Make and lock every shared folder, and sample them every second."""
+        for disk in self.disks:
+            disk.prepare()
+        if self.disks:
+            self.watcher = Watcher(lambda: [disk.sample() for disk in self.disks])
+            self.watcher.start()
+
+    def stop(self) -> None:
+        """A last sample, then remove the files the instances wrote (call it after they
+        stopped); never raises."""
+        watcher, self.watcher = self.watcher, None
+        if watcher is not None:
+            watcher.stop()
+        _clean_folders(self.cleaned, self.disks)
+        self.disks = []
 
 
 def router_command(worker_urls: list[str], policy: str, host: str, port: int,
@@ -302,6 +357,7 @@ class FleetDeployment(StartedOnEnter):
         self.python = python or os.environ.get("KVREPRO_VLLM_PYTHON") or sys.executable
         self.pin_cpus, self.router_kind = pin_cpus, router
         self.pool: LMCachePool | None = None
+        self.shared_folders: SharedFolders | None = None
         self.instances: list[VllmServer] = []
         self.router: ManagedProcess | None = None
         self.startup_s: dict[str, float] = {}
@@ -335,13 +391,24 @@ class FleetDeployment(StartedOnEnter):
 
     def _instances(self) -> list[VllmServer]:
         """The instances' servers (not started), on the pool when there is one."""
-        tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus)
+        tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus,
+                            self.run_dir)
         return [VllmServer(t, self.run_dir / f"i{i}", self.python,
-                           external_lmcache=self.pool is not None) for i, t in enumerate(tiers)]
+                           external_lmcache=self.pool is not None, own_shared_folders=False)
+                for i, t in enumerate(tiers)]
+
+    def _new_shared_folders(self) -> SharedFolders | None:
+        """The owner of the shared stores' folders (private pools; a shared pool owns its
+        own), not started."""
+        if self.pool is not None:
+            return None
+        base = with_run_disk(live_tier(self.fleet.server_spec(), self.fleet.tier),
+                             self.run_dir, lambda folder: folder.shared)
+        return SharedFolders(base, self.run_dir) if any(f.shared for f in base.folders) else None
 
     def _new_pool(self) -> LMCachePool | None:
         """The shared LMCache server (not started), when the pool is shared."""
-        shared = pool_tier(self.fleet, self.pin_cpus)
+        shared = shared_pool_tier(self.fleet, self.pin_cpus)
         return None if shared is None else LMCachePool(shared, self.run_dir / "pool",
                                                         self.python)
 
@@ -368,6 +435,9 @@ class FleetDeployment(StartedOnEnter):
         self.pool = self._new_pool()
         if self.pool is not None:
             self.pool.start()
+        self.shared_folders = self._new_shared_folders()
+        if self.shared_folders is not None:
+            self.shared_folders.start()
         self.instances = self._instances()
         for server in self.instances:
             server.start()
@@ -388,7 +458,8 @@ class FleetDeployment(StartedOnEnter):
             self.pool.check_alive()
 
     def stop(self) -> None:
-        """Router, instances, pool; each step runs even when one before it failed."""
+        """Router, instances, the shared stores' folders, pool; each step runs even when one
+        before it failed."""
         try:
             if self.router is not None:
                 self.cleaned["router_exit"] = self.router.stop()
@@ -399,9 +470,14 @@ class FleetDeployment(StartedOnEnter):
                     server.stop()
                     self.cleaned[f"i{i}"] = server.cleaned
             finally:
-                if self.pool is not None:
-                    self.pool.stop()
-                    self.cleaned["pool"] = self.pool.cleaned
+                try:
+                    if self.shared_folders is not None:
+                        self.shared_folders.stop()
+                        self.cleaned["shared_folders"] = self.shared_folders.cleaned
+                finally:
+                    if self.pool is not None:
+                        self.pool.stop()
+                        self.cleaned["pool"] = self.pool.cleaned
 
     def scrape_targets(self) -> list[tuple[int, str, list[str]]]:
         """(instance, URL, extra URLs) of each `/metrics` sampler: each instance (with its
@@ -504,7 +580,7 @@ async def _drive_fleet(deployment: FleetDeployment, workload: Workload, records:
                        config: ClientConfig, interval_s: float) -> ClientStats:
     """Replay the workload with a watchdog over every process and one sampler per target."""
     clock, stop = RealClock(), asyncio.Event()
-    watchdog = asyncio.create_task(_watch(deployment, stop))  # type: ignore[arg-type]
+    watchdog = asyncio.create_task(watch_alive(deployment, stop))
     samplers = [asyncio.create_task(sample_metrics(url, InstanceSamples(records.writer, i),
                                                    clock, interval_s, stop, extra_urls=extra))
                 for i, url, extra in deployment.scrape_targets()]

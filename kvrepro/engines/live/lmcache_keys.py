@@ -51,7 +51,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-LMCACHE_VERSION = "0.5.6"  # the pin (kvrepro.engines.live.pins); tests/test_pins.py
+from kvrepro.engines.live.pins import LMCACHE_VERSION
+
+# LMCACHE_VERSION (imported above) is the pinned release, the one these keys were read from;
+# kvrepro.engines.live.pins is its one Python source
 LMCACHE_COMMIT = "3e11e108"  # abbreviated, as the release wheel records it
 LMCACHE_REPOSITORY = "LMCache/LMCache"
 LMCACHE_SOURCE_PATH = "lmcache/v1/config.py"

@@ -2,7 +2,7 @@
 
 A run leaves shared-memory segments under `/dev/shm` (vLLM's `psm_*` queues and `sem.mp-*`
 semaphores, LMCache's `lmcache_kv_<pid>_*`: a killed process leaves them behind, 160-250 MB
-each for a SIGKILLed vLLM) and the flash tier's chunk files. Other programs (another run, a
+each for a SIGKILLed vLLM) and its stores' chunk files. Other programs (another run, a
 user, a container sharing the host's `/dev/shm`) put things with the same names in the same
 places, so a name or a before/after listing never proves ownership. What does:
 
@@ -12,7 +12,8 @@ places, so a name or a before/after listing never proves ownership. What does:
   PYTHONPATH: a multiprocessing semaphore is often mapped by no process, so no sample sees
   it), with its inode, owned by this user. At the end it is removed only if its name still
   has that inode and no live process holds it;
-* a chunk file: new in a flash folder this run holds an exclusive lock on (`DiskFolder`),
+* a chunk file: new in a store folder (a flash store's, a shared filesystem's) this run
+  holds an exclusive lock on (`DiskFolder`, one per folder, `store_folder_owner`),
   owned by this user, named as LMCache names its files, and unchanged (inode, mtime) since the
   run's processes stopped. A folder that contains the run folder, or that belongs to another
   user, is refused.
@@ -34,13 +35,16 @@ from pathlib import Path
 from kvrepro._locks import FolderLock
 from kvrepro._paths import RefusedFolder
 from kvrepro.engines.live.processes import ServerError
+from kvrepro.stores import StoreFolder
 
 SHM_DIR = Path("/dev/shm")
 LEDGER_ENV = "KVREPRO_SHM_LEDGER"
 LEDGER_PATH_DIR = Path(__file__).resolve().parent / "shm_ledger"
-LMCACHE_FILE_SUFFIXES = (".data", ".tmp", ".pt")
-"""The files LMCache writes into a flash folder: `fs_native` chunks (`<key>.data`, written
-through `.tmp`, as its extension's strings show) and the in-process disk backend's `<key>.pt`."""
+LMCACHE_FILE_SUFFIXES = (".data", ".tmp", ".pt", ".bin")
+"""The chunk files the offload stores write into a store folder: LMCache's `fs_native` and
+`fs` L2 adapters and its in-process `fs` connector (`<key>.data`, written through `.tmp`),
+its in-process disk backend's `<key>.pt`, and vLLM's own `fs` secondary tier (`<hash>.bin`,
+written through `.tmp`, `vllm/v1/kv_offload/tiering/fs/manager.py`)."""
 LOCK_NAME = ".kvrepro-flash.lock"
 FILES_COUNTED_AT_MOST = 100
 """A folder's foreign files are counted up to this many ("at least 100"): refusing it needs
@@ -48,7 +52,7 @@ only none vs some, and a walk of a whole tree (`/usr`) takes seconds."""
 
 
 class FolderRefused(RefusedFolder, ServerError):
-    """A flash folder a run will not use: in use by another run, another user's, holding
+    """A store folder a run will not use: in use by another run, another user's, holding
     foreign files, or containing the run folder."""
 
 
@@ -231,12 +235,14 @@ def flash_path(path: str | Path) -> Path:
 
 
 class DiskFolder:
-    """The flash tier's folder, held under an exclusive lock for the run's life; removes the
-    chunk files the run's processes wrote there and the folders it made."""
+    """A store's folder (a flash store's, a shared filesystem's), held under an exclusive
+    lock for the run's life; removes the chunk files the run's processes wrote there and the
+    folders it made. `label` names it in messages ("flash folder", "shared folder")."""
 
     def __init__(self, path: str | Path, keep_files: bool = False,
-                 allow_existing: bool = False, run_dir: str | Path | None = None):
-        self.path = flash_path(path)
+                 allow_existing: bool = False, run_dir: str | Path | None = None,
+                 label: str = "flash folder"):
+        self.path, self.label = flash_path(path), label
         self.keep_files, self.allow_existing = keep_files, allow_existing
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.before: dict[Path, FileId] = {}
@@ -260,15 +266,15 @@ class DiskFolder:
 
     def _refuse_unsafe(self) -> None:
         if self.run_dir is not None and _contains(self.path, self.run_dir):
-            raise FolderRefused(f"flash folder {self.path} contains the run folder "
+            raise FolderRefused(f"{self.label} {self.path} contains the run folder "
                                 f"{self.run_dir}: its clean-up could remove the run's own "
                                 "files; choose a folder outside it")
         if self.path.exists():
             info = os.stat(self.path)
             if not stat.S_ISDIR(info.st_mode):
-                raise FolderRefused(f"flash folder {self.path} is not a folder")
+                raise FolderRefused(f"{self.label} {self.path} is not a folder")
             if info.st_uid != os.geteuid():
-                raise FolderRefused(f"flash folder {self.path} belongs to uid {info.st_uid}, "
+                raise FolderRefused(f"{self.label} {self.path} belongs to uid {info.st_uid}, "
                                     f"not to this user (uid {os.geteuid()}): choose a folder "
                                     "of your own")
 
@@ -281,7 +287,7 @@ class DiskFolder:
         if found:
             count = f"at least {found}" if found == FILES_COUNTED_AT_MOST else str(found)
             raise FolderRefused(
-                f"flash folder {self.path} already holds {count} file(s) this run did not "
+                f"{self.label} {self.path} already holds {count} file(s) this run did not "
                 "create; empty it, choose another path, or allow it (store "
                 "allow_existing_files: true)")
 
@@ -293,7 +299,7 @@ class DiskFolder:
         if not self.path.is_dir():
             return  # the run makes it: new, so empty and nobody else's
         if FolderLock.is_held(self.path / LOCK_NAME):
-            raise FolderRefused(f"flash folder {self.path} is in use by another run (its lock "
+            raise FolderRefused(f"{self.label} {self.path} is in use by another run (its lock "
                                 f"{self.path / LOCK_NAME} is held); choose another path")
         self._refuse_foreign_files()
 
@@ -319,10 +325,10 @@ class DiskFolder:
         try:
             other = lock.acquire(f"pid {os.getpid()}, run {self.run_dir}\n")
         except OSError as err:
-            raise FolderRefused(f"flash folder {self.path}: cannot take its lock "
+            raise FolderRefused(f"{self.label} {self.path}: cannot take its lock "
                                 f"{lock.path} ({err.strerror})") from err
         if other is not None:
-            raise FolderRefused(f"flash folder {self.path} is in use by another run "
+            raise FolderRefused(f"{self.label} {self.path} is in use by another run "
                                 f"({other}); choose another path")
         self._lock = lock
 
@@ -343,17 +349,20 @@ class DiskFolder:
 
     def sample(self, final: bool = False) -> None:
         """Record the LMCache files of this user that appeared since `prepare`; while the
-        run's processes write (`final=False`) a known file's new mtime is taken as theirs."""
+        run's processes write (`final=False`) a known file's new mtime, or a new file of this
+        user's in its place (a chunk written again through `.tmp` and renamed), is taken as
+        theirs: the same proof as a new file's."""
         uid = os.geteuid()
         with self._mutex:
             for path, info in self._files():
                 now, old = FileId.of(info), self.seen.get(path)
                 if path in self.before and self.before[path].same_file(now):
                     continue
+                ours = info.st_uid == uid and path.name.endswith(LMCACHE_FILE_SUFFIXES)
                 if old is None:
-                    if info.st_uid == uid and path.name.endswith(LMCACHE_FILE_SUFFIXES):
+                    if ours:
                         self.seen[path] = now
-                elif not final and old.same_file(now):
+                elif not final and (old.same_file(now) or ours):
                     self.seen[path] = now
 
     def cleanup(self) -> int:
@@ -398,6 +407,13 @@ class DiskFolder:
             shown = ", ".join(str(p) for p in sorted(left)[:5])
             self.problems.append(f"{self.path}: left {len(left)} file(s) the run did not "
                                  f"create: {shown}")
+
+
+def store_folder_owner(folder: StoreFolder, run_dir: str | Path | None = None) -> DiskFolder:
+    """The `DiskFolder` that owns a store's folder for a run (`TierConfig.folders`; its path
+    with `{run_dir}` filled in already), named in messages as a shared or a flash folder."""
+    return DiskFolder(folder.path, folder.keep_files, folder.allow_existing_files,
+                      run_dir=run_dir, label="shared folder" if folder.shared else "flash folder")
 
 
 # --------------------------------------------------------------------------- watcher

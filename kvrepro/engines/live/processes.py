@@ -115,7 +115,7 @@ def _proc_info(pid: int) -> ProcInfo | None:
     return ProcInfo(int(fields[1]), int(fields[2]), int(fields[19]))
 
 
-def process_table() -> dict[int, ProcInfo]:
+def running_processes() -> dict[int, ProcInfo]:
     """Every process now, from /proc."""
     table = {}
     for entry in Path("/proc").iterdir():
@@ -126,7 +126,7 @@ def process_table() -> dict[int, ProcInfo]:
 
 def group_pids(pgid: int) -> set[int]:
     """Pids of the live processes in process group `pgid` (from /proc)."""
-    return {pid for pid, info in process_table().items() if info.pgrp == pgid}
+    return {pid for pid, info in running_processes().items() if info.pgrp == pgid}
 
 
 def family(root: int, table: dict[int, ProcInfo]) -> set[int]:
@@ -200,7 +200,7 @@ class ManagedProcess:
         return self._track(proc.pid) if proc is not None else set()
 
     def _track(self, root: int) -> set[int]:
-        table = process_table()
+        table = running_processes()
         alive = family(root, table)
         with self._mutex:
             for pid in alive:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kvrepro._paths import child_path, empty_folder
 from kvrepro._signals import stop_on_signals
@@ -52,12 +52,20 @@ class LiveOptions:
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 
-async def _watch(server: VllmServer, stop: asyncio.Event, poll_s: float = 0.5,
-                 ) -> ServerError | None:
-    """Poll the server process; on death set `stop` and return the error."""
+class Alive(Protocol):
+    """What a watchdog polls: a server, or a fleet of them (`check_alive` raises ServerError
+    naming what died)."""
+
+    def check_alive(self) -> None: ...
+
+
+async def watch_alive(target: Alive, stop: asyncio.Event, poll_s: float = 0.5,
+                      ) -> ServerError | None:
+    """Poll `target`'s processes (a server, a fleet); on a death set `stop` and return the
+    error."""
     while not stop.is_set():
         try:
-            server.check_alive()
+            target.check_alive()
         except ServerError as err:
             stop.set()
             return err
@@ -68,7 +76,7 @@ async def _watch(server: VllmServer, stop: asyncio.Event, poll_s: float = 0.5,
 async def _drive(server: VllmServer, workload: Workload, writer: RunWriter,
                  config: ClientConfig, interval_s: float) -> ClientStats:
     clock, stop = RealClock(), asyncio.Event()
-    watchdog = asyncio.create_task(_watch(server, stop))
+    watchdog = asyncio.create_task(watch_alive(server, stop))
     extra = [server.lmcache_url] if server.lmcache_url else []
     accounting = ProcessAccounting(lambda: {**server.roles(), os.getpid(): "client"})
     sampler = asyncio.create_task(sample_metrics(server.base_url, writer, clock, interval_s,

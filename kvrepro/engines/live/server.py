@@ -6,7 +6,8 @@ the `lmcache server` (its own process group, `lmcache_server.log`, free ports ch
 from its HTTP API), then vLLM with `LMCacheMPConnector` pointing at it. vLLM runs in its own
 process group with its output in `server.log`. On exit (normal end, exception, Ctrl-C) both
 groups are terminated (and any process of theirs that left its group), and the shared-memory
-segments and flash-folder files the run can prove it created are removed: a `Watcher` samples
+segments and store-folder files (each folder of `TierConfig.folders`: a flash store's, a
+shared filesystem's) the run can prove it created are removed: a `Watcher` samples
 what its processes hold while they run (`kvrepro.engines.live.ownership`). A process that
 exits during start-up or mid-run raises `ServerError` naming it and quoting the end of its
 log, so the reason is on screen, not buried in a file.
@@ -25,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher
+from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher, store_folder_owner
 from kvrepro.engines.live.placement import (
     affinities,
     pin_vllm,
@@ -117,9 +118,12 @@ class VllmServer(StartedOnEnter):
     """A running vLLM server for one tier (context manager: start on enter, stop on exit)."""
 
     def __init__(self, tier: TierConfig, run_dir: str | Path, python: str | None = None,
-                 health_poll_s: float = 0.5, external_lmcache: bool = False):
+                 health_poll_s: float = 0.5, external_lmcache: bool = False,
+                 own_shared_folders: bool = True):
         # external_lmcache: the LMCache server is someone else's (a fleet's shared pool,
-        # kvrepro.engines.live.fleet_deploy): connect to its ports; start and clean up none of it
+        # kvrepro.engines.live.fleet_deploy): connect to its ports; start and clean up none of
+        # it, nor its folders. own_shared_folders False: the folders of shared stores belong to
+        # the fleet (one owner for the instances that share them); the rest are this server's
         self.external_lmcache = external_lmcache
         if external_lmcache and (tier.lmcache_mp is None or tier.lmcache_mp.port is None):
             raise ValueError(f"tier {tier.name!r}: an external LMCache server needs "
@@ -131,9 +135,9 @@ class VllmServer(StartedOnEnter):
         self.log_path = self.run_dir / "server.log"
         self.vllm: ManagedProcess | None = None
         self.lmcache: ManagedProcess | None = None
-        self.disk = (DiskFolder(self.tier.disk_dir, self.tier.keep_disk_files,
-                                self.tier.allow_existing_disk_files, run_dir=self.run_dir)
-                     if self.tier.disk_dir and not external_lmcache else None)
+        self.disks: list[DiskFolder] = [
+            store_folder_owner(folder, self.run_dir) for folder in self.tier.folders
+            if not external_lmcache and (own_shared_folders or not folder.shared)]
         self.shm: SharedMemory | None = None
         self.watcher: Watcher | None = None
         self.cleaned: dict[str, Any] = {}
@@ -200,8 +204,8 @@ class VllmServer(StartedOnEnter):
         plan = self.plan()
         self.shm = SharedMemory()
         env = self.shm.environment({**os.environ, **plan.env}, self.run_dir)
-        if self.disk is not None:
-            self.disk.prepare()
+        for disk in self.disks:
+            disk.prepare()
         self.watcher = Watcher(self._sample)
         self.watcher.start()
         if "LMCache server" in plan.commands:
@@ -218,13 +222,13 @@ class VllmServer(StartedOnEnter):
         return [p for p in (self.vllm, self.lmcache) if p is not None]
 
     def _sample(self) -> None:
-        """What the run's processes hold now (their families, segments, the flash folder's
+        """What the run's processes hold now (their families, segments, the store folders'
         new files): the proof of ownership the clean-up needs."""
         pids = set().union(*(p.track() for p in self._processes()))
         if self.shm is not None:
             self.shm.sample(pids)
-        if self.disk is not None:
-            self.disk.sample()
+        for disk in self.disks:
+            disk.sample()
 
     def healthy(self) -> bool:
         """True when GET /health answers 200."""
@@ -286,24 +290,32 @@ class VllmServer(StartedOnEnter):
         return code
 
     def _remove_leftovers(self) -> None:
-        """Remove the stopped processes' shared memory and the run's flash-folder files."""
+        """Remove the stopped processes' shared memory and the run's store-folder files
+        (`disk_files`: how many, over every folder; `folder_files`: per folder)."""
         procs = self._processes()
         self.vllm = self.lmcache = None
         # a segment is left alone while a dying process still maps it
         wait_gone(set().union(*(p.still_running() for p in procs)))
-        shm, disk = self.shm, self.disk
-        if shm is not None:
-            self._clean_up_step("shm_segments", shm.cleanup, shm.problems)
-        if disk is not None:
-            self._clean_up_step("disk_files", disk.cleanup, disk.problems)
+        if self.shm is not None:
+            removed = self._clean_up_step("shm_segments", self.shm.cleanup, self.shm.problems)
+            if removed is not None:
+                self.cleaned["shm_segments"] = removed
+        for disk in self.disks:
+            removed = self._clean_up_step("disk_files", disk.cleanup, disk.problems)
+            if removed is not None:
+                self.cleaned["disk_files"] = self.cleaned.get("disk_files", 0) + removed
+                self.cleaned.setdefault("folder_files", {})[str(disk.path)] = removed
 
-    def _clean_up_step(self, key: str, step: Callable[[], Any], problems: list[str]) -> None:
-        """Run one clean-up step into `cleaned[key]`; an OS error, and each item the step
-        skipped (`problems`), is logged and kept in `cleaned["errors"]`."""
+    def _clean_up_step(self, key: str, step: Callable[[], Any], problems: list[str]) -> Any:
+        """Run one clean-up step (`key` names it) and return what it returned (None when it
+        failed); an OS error, and each item the step skipped (`problems`), is logged and kept
+        in `cleaned["errors"]`."""
+        done = None
         try:
-            self.cleaned[key] = step()
+            done = step()
         except OSError as err:
             problems.append(str(err))
         for problem in problems:
             log.warning("tier %r: clean-up of %s: %s", self.tier.name, key, problem)
             self.cleaned.setdefault("errors", []).append(f"{key}: {problem}")
+        return done

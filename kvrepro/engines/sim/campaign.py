@@ -22,7 +22,7 @@ from kvrepro.engines.run_result import (
     store_counters_from_samples,
 )
 from kvrepro.engines.sim.config import SimProfile, as_profile
-from kvrepro.engines.sim.engine import _default_duration_s, simulate
+from kvrepro.engines.sim.engine import default_duration_s, simulate
 from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.base import Workload
 
@@ -38,7 +38,7 @@ def run(workload: Workload, server: SimProfile | ServerSpec | str | Path, tier: 
     `meta["stats"]["unfinished"]`, not recorded.
     """
     profile = as_profile(server)
-    duration = duration_s if duration_s is not None else _default_duration_s(workload, None)
+    duration = duration_s if duration_s is not None else default_duration_s(workload, None)
     hard_end = None if drain_timeout_s is None else duration + drain_timeout_s
     result = simulate(workload, profile, tier, duration_s=duration_s, warmup_s=warmup_s,
                       run_dir=run_dir, hard_end_s=hard_end, max_in_flight=max_in_flight,

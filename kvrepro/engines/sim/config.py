@@ -13,8 +13,10 @@ the digital twin needs to stand in for one serving instance:
 The simulator's types extend the spec's (`ServerProfile` is `TwinRates` + `EngineSpec`,
 `SimTier` is a `TierModel` like `TierSpec`), so a setting has one name in the YAML, the spec
 and the twin; what the simulator derives from them (`SimTier.load_async`, ...) are read-only
-properties, not settings. Run folders record them with the keys they always had
-(`meta_record`), so that old and new meta.json files read the same.
+properties, not settings. Run folders record them under the same names (`meta_record`);
+run folders written before the twin took the spec's names (`gpu_kv_bytes`,
+`max_batched_tokens`, `offload`, `save_decode_kv`, `lookup_s`, `connector_*_s`,
+`write_through`) are read under the spec's names by `server_record` and `tier_record`.
 
 `load_profile(path)` reads a server spec file and renders it; a wrong or missing key is
 reported with the file and the key's dotted path. Where the simulator models an LMCache
@@ -104,13 +106,9 @@ class ServerProfile(TwinRates, EngineSpec):
         return int(self.kv_cache_bytes // self.block_bytes())
 
     def meta_record(self) -> dict[str, Any]:
-        """The server as run folders record it (meta.json `profile.server`): the keys and
-        order it was written with before the simulator took the spec's names."""
-        dump = self.model_dump(mode="json")
-        return {**{key: dump[key] for key in TwinRates.model_fields}, "model": dump["model"],
-                "gpu_kv_bytes": dump["kv_cache_bytes"], "block_tokens": dump["block_tokens"],
-                "max_batched_tokens": dump["max_num_batched_tokens"],
-                "max_num_seqs": dump["max_num_seqs"], "max_model_len": dump["max_model_len"]}
+        """The server as run folders record it (meta.json `profile.server`), under the
+        spec's names (`server_record` reads older records too)."""
+        return self.model_dump(mode="json")
 
 
 class OffloadTier(StoreModel):
@@ -118,10 +116,15 @@ class OffloadTier(StoreModel):
     tier's chunk size (LMCache has one chunk size per tier)."""
 
     chunk_tokens: int = Field(256, gt=0, description="LMCache chunk size, tokens")
+    kind: str | None = Field(None, description="the spec store's kind (kvrepro.stores.KINDS): "
+                             "how a validation reads its deployed size back; None: a store "
+                             "made for the twin only")
     hard_limit: bool = Field(True, description="when full, new chunks are dropped (LMCache's "
                                                "L1); False: a soft limit that writes overshoot "
                                                "until the eviction loop catches up (its "
                                                "fs_native disk tier)")
+    shared: bool = Field(False, description="one store for every instance of a fleet (a "
+                                            "shared filesystem), even with private pools")
 
 
 class SimTier(TierModel[OffloadTier]):
@@ -132,12 +135,6 @@ class SimTier(TierModel[OffloadTier]):
     lmcache_mode: LMCacheMode = Field("in_process", description="the server's "
                                       "live.lmcache_mode: the multi-process connector answers "
                                       "lookups later and loads asynchronously")
-
-    @property
-    def write_through(self) -> bool:
-        """Computed KV goes to every store (LMCache); False (`twin_write_back`): to the first
-        only, and evicted chunks move one store down."""
-        return not self.twin_write_back
 
     @property
     def load_async(self) -> bool:
@@ -173,17 +170,11 @@ class SimTier(TierModel[OffloadTier]):
         return self
 
     def meta_record(self) -> dict[str, Any]:
-        """The tier as run folders record it (meta.json `tier_config`, `profile.tiers`): the
-        keys and order it was written with before the simulator took the spec's names, so
-        that readers of old and new run folders (`tier_config.offload`) see the same."""
-        return {"name": self.name,
-                "offload": [s.model_dump(mode="json") for s in self.stores],
-                "write_through": self.write_through, "load_async": self.load_async,
-                "save_decode_kv": self.lmcache.save_decode_cache, "skip_l1": self.skip_l1,
-                "gpu_kv_bytes": self.kv_cache_bytes, "lookup_s": self.twin_lookup_s,
-                "lookup_async": self.lookup_async,
-                "connector_step_s": self.twin_connector_step_s,
-                "connector_request_s": self.twin_connector_request_s}
+        """The tier as run folders record it (meta.json `tier_config`, `profile.tiers`): its
+        settings under the spec's names, and what the twin derives from them (`load_async`,
+        `lookup_async`, `skip_l1`). `tier_record` reads older records too."""
+        return {**self.model_dump(mode="json"), "load_async": self.load_async,
+                "lookup_async": self.lookup_async, "skip_l1": self.skip_l1}
 
 
 class SimProfile(BaseModel):
@@ -229,12 +220,13 @@ class SimProfile(BaseModel):
 
 
 def _store(store: StoreSpec, chunk_tokens: int, multi_process: bool) -> OffloadTier:
-    """A spec store for the twin; unset `async_eviction` follows the LMCache mode (the
-    multi-process server evicts in a background loop, the in-process backend on insert)."""
-    fields = store.model_dump(include=set(StoreModel.model_fields))
+    """A spec store for the twin, as its kind models it (`StoreBase.twin_store`, with its
+    `shared` flag); unset `async_eviction` follows the LMCache mode (the multi-process
+    server evicts in a background loop, the in-process backend on insert)."""
+    fields = store.twin_store()
     if fields["async_eviction"] is None:
         fields["async_eviction"] = multi_process
-    return OffloadTier(**fields, chunk_tokens=chunk_tokens, hard_limit=store.kind == "dram")
+    return OffloadTier(**fields, chunk_tokens=chunk_tokens, shared=store.shared)
 
 
 def sim_tier(tier: TierSpec, lmcache_mode: LMCacheMode = "in_process") -> SimTier:
@@ -255,6 +247,36 @@ def sim_profile(spec: ServerSpec) -> SimProfile:
                       tiers={name: sim_tier(t, spec.live.lmcache_mode)
                              for name, t in spec.tiers.items()},
                       sample_interval_s=w.sample_interval_s, placement=spec.placement)
+
+
+_OLD_SERVER_KEYS = {"gpu_kv_bytes": "kv_cache_bytes",
+                    "max_batched_tokens": "max_num_batched_tokens"}
+"""meta.json `profile.server` keys written before the twin took the spec's names."""
+_OLD_TIER_KEYS = {"offload": "stores", "gpu_kv_bytes": "kv_cache_bytes",
+                  "lookup_s": "twin_lookup_s", "connector_step_s": "twin_connector_step_s",
+                  "connector_request_s": "twin_connector_request_s"}
+"""meta.json `tier_config` keys written before the twin took the spec's names (and
+`save_decode_kv` -> `lmcache.save_decode_cache`, `write_through` -> not `twin_write_back`)."""
+
+
+def server_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A simulated run's recorded server (meta.json `profile.server`) under the spec's
+    names, whether it was written with them or with the twin's former ones."""
+    return {_OLD_SERVER_KEYS.get(key, key): value for key, value in record.items()}
+
+
+def tier_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A simulated run's recorded tier (meta.json `tier_config`, `profile.tiers.<name>`)
+    under the spec's names, whether it was written with them or with the twin's former ones
+    (`offload`, `gpu_kv_bytes`, `lookup_s`, `connector_*_s`, `save_decode_kv`,
+    `write_through`)."""
+    out = {_OLD_TIER_KEYS.get(key, key): value for key, value in record.items()
+           if key not in ("save_decode_kv", "write_through")}
+    if "save_decode_kv" in record:
+        out["lmcache"] = {**out.get("lmcache", {}), "save_decode_cache": record["save_decode_kv"]}
+    if "write_through" in record:
+        out["twin_write_back"] = not record["write_through"]
+    return out
 
 
 def load_profile(path: str | Path) -> SimProfile:

@@ -26,7 +26,7 @@ t < limit_s, or t == limit_s and `inclusive`):
 * planning the next step allocates the blocks the requests grow into (request r with c
   computed tokens and b blocks at the start needs one in step b x bt - c + 1 of the run,
   and every bt steps after that; allocating and evicting them step by step is the same as
-  request by request) and retries the queue's head (`Scheduler._admission`; while the
+  request by request) and retries the queue's head (`Scheduler.admission`; while the
   stores do not change, its answer stands, and GPU blocks only get fewer). If a block
   cannot be had without a preemption, or the head would be admitted, or no request is left,
   the run writes the counts back and returns "replan": the engine plans that step step by
@@ -170,8 +170,8 @@ class DecodeRun:
         sched, gpu, head = self.sched, self.sched.gpu, self.head
         if need and not gpu.can_allocate(need, self.keep):
             return False
-        if self.adm is None or not sched._admission_stands(head, now_s):
-            self.adm = sched._admission(head, now_s, self.budget)
+        if self.adm is None or not sched.admission_stands(head, now_s):
+            self.adm = sched.admission(head, now_s, self.budget)
             if self.adm.need <= gpu.available_blocks(head.segment_numbers) - need:
                 sched.admission_hint = (head, now_s, self.budget, self.adm)
                 return False  # the scheduler admits it here (with this admission)

@@ -385,7 +385,7 @@ class Engine:
         return out
 
 
-def _default_duration_s(workload: Workload, duration_s: float | None) -> float:
+def default_duration_s(workload: Workload, duration_s: float | None) -> float:
     if duration_s is not None:
         return float(duration_s)
     value = (workload.spec.get("params") or {}).get("duration_s")
@@ -410,7 +410,7 @@ def simulate(workload: Workload, profile: SimProfile | ServerSpec | str | Path, 
     """
     profile = as_profile(profile)
     tier = profile.tier(tier_name)
-    duration = _default_duration_s(workload, duration_s)
+    duration = default_duration_s(workload, duration_s)
     hard_end = math.inf if hard_end_s is None else float(hard_end_s)
     meta = {"engine": ENGINE, "tier": tier_name, "tier_config": tier.meta_record(),
             "profile": profile.meta_record(), "workload": workload.spec,
@@ -429,4 +429,4 @@ def simulate(workload: Workload, profile: SimProfile | ServerSpec | str | Path, 
     return SimResult(sink.records_frame(), sink.samples_frame(), stats)
 
 
-__all__ = ["ENGINE", "Engine", "SimResult", "simulate"]
+__all__ = ["ENGINE", "Engine", "SimResult", "default_duration_s", "simulate"]

@@ -12,9 +12,12 @@ Where KV lives:
 
 * the GPU prefix cache is per server, always;
 * `kv_pool: private`: each server has its own offload stores (`offload.OffloadHierarchy`),
-  as a single server does;
+  as a single server does, except a store whose kind is `shared` (a shared filesystem,
+  `kvrepro.stores.shared_fs`): that one is ONE store object in every server's hierarchy (the
+  same files on one share), read and written by each server through its own channels;
 * `kv_pool: shared`: ONE set of store objects that every server reads and writes (one LMCache
-  server for all, live). Its capacity is the tier's x `shared_pool.capacity_scale`; its read
+  server for all, live). Its capacity is the tier's x `shared_pool.capacity_scale` (a shared
+  store's: its own, it is already the whole share's); its read
   and write channels run at the pool's bandwidth where given (else the stores' own) and are
   shared, so transfers of different servers queue behind each other (contention); and
   `shared_pool.network_latency_s` is added to every load and store transfer. A chunk
@@ -49,11 +52,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvrepro import analysis
+from kvrepro.analysis.runs import fleet_turn_stats, share, window_throughput_tok_s
+from kvrepro.calc import endurance
 from kvrepro.engines.sim.config import ServerProfile, SimProfile, SimTier, sim_profile
-from kvrepro.engines.sim.engine import UNFINISHED_KEYS, Engine, _default_duration_s
+from kvrepro.engines.sim.engine import UNFINISHED_KEYS, Engine, default_duration_s
 from kvrepro.engines.sim.entities import Request
-from kvrepro.engines.sim.offload import OffloadHierarchy
+from kvrepro.engines.sim.offload import ChunkStore, OffloadHierarchy
 from kvrepro.engines.sim.outputs import OutputSink, sample_row
 from kvrepro.engines.sim.prefix_units import Segments
 from kvrepro.engines.sim.scheduler import Scheduler
@@ -61,9 +65,6 @@ from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import FleetSpec, PrefixAware, SharedPool, load_fleet, shipped_fleet
 from kvrepro.tier_spec import override_server
 from kvrepro.workload.base import Workload
-
-SECONDS_PER_DAY = 86_400.0
-
 
 # ---------------------------------------------------------------------- routers
 
@@ -236,12 +237,14 @@ def make_router(fleet: FleetSpec) -> Router:
 # ---------------------------------------------------------------------- the shared pool
 
 def pool_tier(tier: SimTier, pool: SharedPool) -> SimTier:
-    """The tier's stores as one shared pool: capacity x `capacity_scale`, and the pool's
-    read / write bandwidth where given (for every store of the pool: all of its traffic
-    crosses the pool's channels)."""
+    """The tier's stores as one shared pool: capacity x `capacity_scale` (a `shared` store
+    keeps its own: it is the whole share's already), and the pool's read / write bandwidth
+    where given (for every store of the pool: all of its traffic crosses the pool's
+    channels)."""
     stores = []
     for store in tier.stores:
-        update: dict[str, float] = {"capacity_bytes": store.capacity_bytes * pool.capacity_scale}
+        scale = 1.0 if store.shared else pool.capacity_scale
+        update: dict[str, float] = {"capacity_bytes": store.capacity_bytes * scale}
         if pool.read_bw_bytes_s is not None:
             update["read_bw_bytes_s"] = pool.read_bw_bytes_s
         if pool.write_bw_bytes_s is not None:
@@ -263,16 +266,24 @@ class FleetEngine(Engine):
         self.placed: dict[int, tuple[int, bool]] = {}  # rid -> (instance, routed away)
         self.last_instance: dict[int, int] = {}  # session position -> its last instance
         self.pool: OffloadHierarchy | None = None
+        self.shared_names: list[str] = []  # stores one object for all servers (kind `shared`)
         super().__init__(workload, profile, profile.tier(fleet.tier), duration_s, warmup_s,
                          hard_end_s, sink, max_in_flight)
 
     def _make_schedulers(self, server: ServerProfile, tier: SimTier) -> list[Scheduler]:
+        kv_bytes = server.model_spec().kv_bytes_per_token
         if self.fleet.kv_pool == "shared" and tier.stores:
             pool = self.fleet.shared_pool
-            self.pool = OffloadHierarchy(pool_tier(tier, pool),
-                                         server.model_spec().kv_bytes_per_token,
+            self.pool = OffloadHierarchy(pool_tier(tier, pool), kv_bytes,
                                          pool.network_latency_s)
-        return [Scheduler(server, tier, StepTimer(server), offload=self.pool, instance=i)
+            self.shared_names = [s.name for s in tier.stores]
+        shared = {s.name: ChunkStore(s, kv_bytes) for s in tier.stores if s.shared}
+        if self.pool is not None or not shared:
+            return [Scheduler(server, tier, StepTimer(server), offload=self.pool, instance=i)
+                    for i in range(self.fleet.n_servers)]
+        self.shared_names = list(shared)
+        return [Scheduler(server, tier, StepTimer(server), instance=i,
+                          offload=OffloadHierarchy(tier, kv_bytes, shared_stores=shared))
                 for i in range(self.fleet.n_servers)]
 
     def _may_run(self, end_s: float) -> bool:
@@ -304,19 +315,21 @@ class FleetEngine(Engine):
     def stats(self) -> dict[str, Any]:
         """The fleet's counts (every request accounted for, as a single server's), the
         servers' counters summed, store totals (the pool's, or the private stores' summed),
-        the router's decisions and each server's own stats (`instances`)."""
+        the router's decisions and each server's own stats (`instances`). A store that is one
+        object for every server (the pool's, or a shared store of private pools) is
+        reported once."""
         per = [self.server_stats(sched) for sched in self.schedulers]
         out: dict[str, Any] = {**self.counts}
         out.update({key: sum(p[key] for p in per) for key in UNFINISHED_KEYS})
         out.update(end_s=self.now_s, client_waiting_at_end=len(self.backlog),
                    n_servers=self.fleet.n_servers, routing=self.fleet.routing,
                    kv_pool=self.fleet.kv_pool)
-        stores = tuple(f"{name}_" for name in self.store_names)
+        shared = tuple(f"{name}_" for name in self.shared_names)
         for key, value in per[0].items():
             if key in UNFINISHED_KEYS:
                 continue
-            if self.pool is not None and key.startswith(stores):
-                out[key] = value  # the one shared pool: every server reports it
+            if shared and key.startswith(shared):
+                out[key] = value  # one store for all: every server reports it
             elif key.endswith(("_first_eviction_s", "_first_refusal_s")):
                 out[key] = _earliest_s([p[key] for p in per])
             else:
@@ -344,6 +357,9 @@ class FleetResult:
     store_names: list[str] = field(default_factory=list)
     warmup_s: float = 0.0
     duration_s: float = math.inf
+    shared_names: list[str] = field(default_factory=list)
+    """Stores that are one object for every server (the shared pool's, or a shared store of
+    private pools): their samples are the same in every server's rows."""
 
 
 def _as_fleet(fleet: FleetSpec | str | Path) -> FleetSpec:
@@ -380,7 +396,7 @@ def simulate_fleet(workload: Workload, fleet: FleetSpec | str | Path, *,
     if profile_overrides:
         spec = override_server(spec, profile_overrides)
     profile = sim_profile(spec)
-    duration = _default_duration_s(workload, duration_s)
+    duration = default_duration_s(workload, duration_s)
     warmup = _default_warmup_s(workload, warmup_s)
     hard_end = math.inf if hard_end_s is None else float(hard_end_s)
     if max_in_flight is not None and max_in_flight < 1:
@@ -394,13 +410,13 @@ def simulate_fleet(workload: Workload, fleet: FleetSpec | str | Path, *,
     stats = {**engine.stats(), "routed_away_turns": int(records.routed_away.sum()),
              "wall_s": time.perf_counter() - started}
     return FleetResult(records, sink.samples_frame(), stats, fleet, list(engine.store_names),
-                       warmup, duration)
+                       warmup, duration, list(engine.shared_names))
 
 
 # ---------------------------------------------------------------------- headlines
 
-def _window_s(result: FleetResult) -> tuple[float, float]:
-    """The measurement window: [warmup, duration] (no duration: the last finish)."""
+def measurement_window_s(result: FleetResult) -> tuple[float, float]:
+    """The run's measurement window: [warmup, duration] (no duration: the last finish)."""
     end_s = result.duration_s
     if not math.isfinite(end_s):
         end_s = float(result.records.finish_s.max()) if len(result.records) else 0.0
@@ -410,48 +426,41 @@ def _window_s(result: FleetResult) -> tuple[float, float]:
     return result.warmup_s, end_s
 
 
-def _throughput_tok_s(records: pd.DataFrame, t0_s: float, t1_s: float) -> float:
-    """Tokens per second delivered in [t0, t1], by `kvrepro.analysis`'s attribution rule
-    (prompt tokens at the first token, output tokens spread over the decode)."""
-    if records.empty:
-        return 0.0
-    shifted = records.assign(first_token_s=records.first_token_s - t0_s,
-                             finish_s=records.finish_s - t0_s, send_s=records.send_s - t0_s,
-                             tier="fleet")
-    binned = analysis.throughput_over_time(shifted, bin_s=t1_s - t0_s, run_s=t1_s - t0_s)
-    return float(binned.total_tok_s.iloc[0])
+_TRAFFIC = ("bytes_written", "bytes_read", "writes_dropped")
+"""Store columns each server's hierarchy counts itself: a shared store of private pools
+(its own channels per server) sums them; its other columns are the one store's."""
 
 
-def _fleet_store_series(result: FleetResult, column: str) -> pd.Series:
-    """A store column over time for the whole fleet: the pool's (shared) or the private
-    stores' summed."""
-    samples = result.samples
-    if result.fleet.kv_pool == "shared":
-        return samples[samples.instance == 0].set_index("time_s")[column]
-    return samples.groupby("time_s")[column].sum()
+def _fleet_store_series(result: FleetResult, store: str, column: str) -> pd.Series:
+    """Column `<store>_<column>` over time for the whole fleet: the pool's (shared), a
+    shared store's (one object; its traffic summed over the servers that made it), or the
+    private stores' summed."""
+    samples, name = result.samples, f"{store}_{column}"
+    if result.fleet.kv_pool == "shared" or (store in result.shared_names
+                                            and column not in _TRAFFIC):
+        return samples[samples.instance == 0].set_index("time_s")[name]
+    return samples.groupby("time_s")[name].sum()
 
 
 def _store_headlines(result: FleetResult, t0_s: float, t1_s: float) -> dict[str, float]:
     out: dict[str, float] = {}
     for store in result.store_names:
-        written = _fleet_store_series(result, f"{store}_bytes_written")
-        used = _fleet_store_series(result, f"{store}_bytes_used")
+        written = _fleet_store_series(result, store, "bytes_written")
+        used = _fleet_store_series(result, store, "bytes_used")
         times = written.index.to_numpy(dtype=float)
         w0, w1 = np.interp([t0_s, t1_s], times, written.to_numpy(dtype=float))
         out[f"{store}_bytes_written_per_day"] = float((w1 - w0) / (t1_s - t0_s)
-                                                      * SECONDS_PER_DAY)
+                                                      * endurance.SECONDS_PER_DAY)
         out[f"{store}_peak_bytes_used"] = float(used.max())
         out[f"{store}_capacity_bytes"] = float(
-            _fleet_store_series(result, f"{store}_capacity_bytes").iloc[-1])
+            _fleet_store_series(result, store, "capacity_bytes").iloc[-1])
     return out
 
 
-def _share(numerator: float, denominator: float) -> float:
-    return float(numerator / denominator) if denominator else math.nan
-
-
 def fleet_headlines(result: FleetResult) -> dict[str, float]:
-    """The run's headline numbers, over the measurement window [warmup_s, duration_s].
+    """The run's headline numbers, over the measurement window [warmup_s, duration_s]
+    (`measurement_window_s`; TTFT and shares by `kvrepro.analysis.runs.fleet_turn_stats`,
+    the recipe a live fleet's summary uses too).
 
     Throughput (`throughput_tok_s`, and per server: mean, min, max) counts the tokens every
     request delivered in the window (`kvrepro.analysis` rule). TTFT and cached shares are
@@ -463,34 +472,33 @@ def fleet_headlines(result: FleetResult) -> dict[str, float]:
     `<store>_bytes_written_per_day` in the window, `<store>_peak_bytes_used`,
     `<store>_capacity_bytes`.
     """
-    t0_s, t1_s = _window_s(result)
+    t0_s, t1_s = measurement_window_s(result)
     rec = result.records
     ok = rec[(rec.error == "") & rec.first_token_s.notna()]
-    total = _throughput_tok_s(ok, t0_s, t1_s)
-    per_server = [_throughput_tok_s(ok[ok.instance == i], t0_s, t1_s)
+    total = window_throughput_tok_s(ok, t0_s, t1_s)
+    per_server = [window_throughput_tok_s(ok[ok.instance == i], t0_s, t1_s)
                   for i in range(result.fleet.n_servers)]
     sent = ok[(ok.send_s >= t0_s) & (ok.send_s < t1_s)]
     prompt = float(sent.prompt_tokens.sum())
-    away = sent[sent.routed_away]
     loaded = [f"loaded_tokens_{s}" for s in result.store_names]
+    turns = fleet_turn_stats(sent, hit_columns=loaded)
     out = {"n_servers": float(result.fleet.n_servers), "requests": float(len(sent)),
            "failed_requests": float((rec.error != "").sum()),
            "throughput_tok_s": total,
            "throughput_per_server_tok_s": total / result.fleet.n_servers,
            "throughput_min_server_tok_s": min(per_server),
            "throughput_max_server_tok_s": max(per_server),
-           "ttft_median_s": float(sent.ttft_s.median()),
-           "ttft_p90_s": float(sent.ttft_s.quantile(0.9)),
-           "cached_share": _share(sent.cached_prompt_tokens.sum(), prompt),
-           "cached_share_gpu": _share(sent.gpu_hit_tokens.sum(), prompt)}
+           "ttft_median_s": turns["ttft_median_s"], "ttft_p90_s": turns["ttft_p90_s"],
+           "cached_share": turns["cached_share"],
+           "cached_share_gpu": share(sent.gpu_hit_tokens.sum(), prompt)}
     for store, column in zip(result.store_names, loaded, strict=True):
-        out[f"cached_share_{store}"] = _share(sent[column].sum(), prompt)
-    out["routed_away_share"] = _share(len(away), len(sent))
-    out["cross_instance_hit_share"] = _share(float(away[loaded].to_numpy().sum()),
-                                             float(away.prompt_tokens.sum()))
+        out[f"cached_share_{store}"] = share(sent[column].sum(), prompt)
+    out["routed_away_share"] = share(turns["routed_away_turns"], len(sent))
+    out["cross_instance_hit_share"] = turns["cross_instance_hit_share"]
     out.update(_store_headlines(result, t0_s, t1_s))
     return out
 
 
 __all__ = ["FleetEngine", "FleetResult", "PrefixAwareRouter", "PrefixTree", "Router",
-           "fleet_headlines", "make_router", "pool_tier", "session_instance", "simulate_fleet"]
+           "fleet_headlines", "make_router", "measurement_window_s", "pool_tier",
+           "session_instance", "simulate_fleet"]

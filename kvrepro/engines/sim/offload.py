@@ -26,13 +26,17 @@ How an LRU store makes room follows the LMCache that serves it:
 * write: computed chunks a store lacks are queued on its write channel (FIFO; a chunk is
   present once its write finishes). If the queue already holds more than
   `max_write_backlog_s` of work, the write is dropped and counted (LMCache's store path skips
-  a put when its buffer is exhausted rather than stall the engine). Written through
-  (`SimTier.write_through`, as LMCache) every store gets the chunk; with `twin_write_back`
+  a put when its buffer is exhausted rather than stall the engine). Written through (as
+  LMCache) every store gets the chunk; with the tier's `twin_write_back`
   only the first, and chunks evicted from store i are queued for store i + 1 (a victim
   cache). With `skip_l1` (LMCache's `l2_store_policy`)
   only the last store gets it, and loads from it are not staged in the faster ones: in the
   live flash tier (data/live/cpu_tiny_lmcache/flash) LMCache reported every hit from L2 and
   none from L1, its L1 only passing the L2 reads through.
+* shared stores: a store whose `shared` flag is set (a shared filesystem) is, in a fleet
+  with private pools, one `ChunkStore` in every instance's hierarchy: a chunk one instance
+  wrote is found by the others, while each instance keeps its own read and write channels
+  (the share's bandwidth as one server gets it) and byte counters.
 * network: stores reached over a network (a fleet's shared pool, `kvrepro.engines.sim.fleet`)
   add `network_latency_s` to every transfer: a load ends that much later, a written chunk is
   present that much later. The latency delays a transfer without occupying its channel (the
@@ -44,7 +48,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import filterfalse, islice, repeat
 
@@ -366,13 +370,19 @@ class StagingBuffer:
 class OffloadHierarchy:
     """The offload stores of one tier with their channels and byte counters."""
 
-    def __init__(self, tier: SimTier, kv_bytes_per_token: int, network_latency_s: float = 0.0):
+    def __init__(self, tier: SimTier, kv_bytes_per_token: int, network_latency_s: float = 0.0,
+                 shared_stores: Mapping[str, ChunkStore] | None = None):
+        """`shared_stores`: store name -> a store object other hierarchies use too (a
+        fleet's shared filesystem: one set of chunks that every instance reads and writes,
+        each through its own channels and counters); the other stores are this tier's own."""
         self.network_latency_s = network_latency_s
-        self.stores = [ChunkStore(c, kv_bytes_per_token) for c in tier.stores]
+        shared_stores = shared_stores or {}
+        self.stores = [shared_stores[c.name] if c.name in shared_stores
+                       else ChunkStore(c, kv_bytes_per_token) for c in tier.stores]
         self.names = [s.name for s in self.stores]
         self.chunk_tokens = tier.stores[0].chunk_tokens if tier.stores else 0
         self.chunk_bytes = self.chunk_tokens * kv_bytes_per_token
-        self.write_through = tier.write_through
+        self.write_back = tier.twin_write_back
         # skip_l1 (LMCache's l2_store_policy): computed KV goes to the last store only
         self.first_write = len(self.stores) - 1 if tier.skip_l1 and self.stores else 0
         self.staging = StagingBuffer(self.stores[0]) if self.first_write else None
@@ -476,7 +486,7 @@ class OffloadHierarchy:
             return
         store.evict_due(now_s)
         entries, insert, admits = store.entries, store.insert, store.admits
-        demotes = not self.write_through and index + 1 < len(self.stores)  # write-back
+        demotes = self.write_back and index + 1 < len(self.stores)  # write-back
         new = store.absent_for_batch(ids)
         if new is not None:  # the same as the loop below, at once
             self.bytes_written[index] += len(new) * self.chunk_bytes
@@ -496,7 +506,7 @@ class OffloadHierarchy:
 
     def write(self, ids: list[int], now_s: float) -> None:
         """Store newly computed chunks (write-through: in every store; else the first)."""
-        last = len(self.stores) if self.write_through else min(1, len(self.stores))
+        last = min(1, len(self.stores)) if self.write_back else len(self.stores)
         for index in range(self.first_write, max(last, self.first_write + 1)):
             self._write_to(index, ids, now_s)
 
@@ -509,7 +519,7 @@ class OffloadHierarchy:
         chunk_s, limit_s = channel.chunk_s(self.chunk_bytes), self.backlog_limit_s[index]
         staging = self.staging if index == self.first_write else None
         insert, admits, latency_s = store.insert, store.admits, self.network_latency_s
-        demotes = not self.write_through and index + 1 < len(self.stores)  # write-back
+        demotes = self.write_back and index + 1 < len(self.stores)  # write-back
         new = store.absent_for_batch(ids) if staging is None else None
         if new is not None:
             self._write_batch(index, new, now_s, demotes)

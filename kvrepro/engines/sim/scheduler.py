@@ -93,7 +93,7 @@ class StepPlan:
 
 @dataclass(slots=True)
 class Admission:
-    """What admitting a request takes (`Scheduler._admission`): its GPU hit in blocks, the
+    """What admitting a request takes (`Scheduler.admission`): its GPU hit in blocks, the
     chunk ids looked up with the chunks found per store (None without offload), the end of
     the usable hit, whether it loads asynchronously, the tokens it runs now, the free blocks
     it needs, the blocks it takes, and the chunks the staging buffer refuses its
@@ -106,7 +106,7 @@ class Admission:
     loads_async: bool
     n: int
     need: int
-    """Free blocks admission requires (`Scheduler._admission`: the whole sequence's, and an
+    """Free blocks admission requires (`Scheduler.admission`: the whole sequence's, and an
     asynchronous load's blocks on top of the in-flight prefills' reservation)."""
     alloc: int
     """Blocks it allocates now (for the hit, the loaded tokens and the first chunk)."""
@@ -358,10 +358,10 @@ class Scheduler:
         does not fit."""
         hint, self.admission_hint = self.admission_hint, None
         if (hint is not None and hint[0] is req and hint[1] == now_s and hint[2] == budget
-                and self._admission_stands(req, now_s)):
+                and self.admission_stands(req, now_s)):
             adm = hint[3]  # computed at this time, and nothing it read has changed since
         else:
-            adm = self._admission(req, now_s, budget)
+            adm = self.admission(req, now_s, budget)
         fits = adm.need <= self.gpu.available_blocks(req.segment_numbers)
         if adm.refused:
             self.offload.refuse_prefetch(adm.refused, now_s)
@@ -396,7 +396,7 @@ class Scheduler:
         self._start_running(plan, req, n)
         return n
 
-    def _admission(self, req: Request, now_s: float, budget: int) -> Admission:
+    def admission(self, req: Request, now_s: float, budget: int) -> Admission:
         """What admitting `req` now would take: its GPU and offload hits and the blocks it
         needs. The offload lookup's effects of time passing are applied (`OffloadHierarchy
         .match`: the same again at the same time), its staging refusal is not counted."""
@@ -568,8 +568,8 @@ class Scheduler:
         return not self.lookup_async or (req.lookup_round >= LOOKUP_ROUNDS
                                          and req.lookup_ready_s <= now_s)
 
-    def _admission_stands(self, req: Request, now_s: float) -> bool:
-        """Whether `_admission(req, now_s, ...)` would repeat the last one for `req` with no
+    def admission_stands(self, req: Request, now_s: float) -> bool:
+        """Whether `admission(req, now_s, ...)` would repeat the last one for `req` with no
         effect on the stores (the GPU side is unchanged in a run: no block of the request's
         segments is evicted, `GpuPrefixCache.can_allocate`)."""
         return self.offload is None or self.offload.match_stands(req.chunk_ids, now_s)

@@ -1,0 +1,94 @@
+"""The tiny server's spec has one source for what is stated, not fitted: `profile_yaml` reads
+the LMCache tiers' sizes, write rates and flags from the spec it regenerates and writes over
+the fitted numbers only, so a hand edit of the YAML survives the next regeneration."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvrepro._paths import data_dir, data_file
+from kvrepro.calibration import profile_yaml, validate
+from kvrepro.engines.sim import load_profile
+
+SHIPPED = data_file("servers", "cpu_tiny.yaml")
+FIT_RUN = data_file("live", validate.FIT_RUN)
+FLASH_4GIB = "capacity_bytes: 4294967296  # 4 GiB = 16,384 chunks"
+STAGING_RATE = ("read_bw_bytes_s: 3.0e+08  # estimate: LMCACHE_CPU.md's single-prompt timings "
+                "(not fitted: see above)")
+
+
+def _hand_edited(tmp_path: Path) -> Path:
+    """A copy of the shipped spec with the flash store at 2 GiB and the staging store's
+    (never fitted) read rate at 250 MB/s, edited by hand."""
+    path = tmp_path / "cpu_tiny.yaml"
+    text = SHIPPED.read_text()
+    assert text.count(FLASH_4GIB) == 1 and text.count(STAGING_RATE) == 1
+    path.write_text(text.replace(FLASH_4GIB, "capacity_bytes: 2147483648")
+                    .replace(STAGING_RATE, "read_bw_bytes_s: 2.5e+08"))
+    return path
+
+
+def _stores(path: Path) -> dict[str, tuple[float, float]]:
+    """(capacity, read rate) of each store of the flash tier."""
+    return {s.name: (s.capacity_bytes, s.read_bw_bytes_s)
+            for s in load_profile(path).tiers["flash"].stores}
+
+
+def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As its header says it was written: `python -m kvrepro.calibration
+    data/live/cpu_tiny_fit <out>` from the checkout (the run's path is in the header)."""
+    root = data_dir().parent
+    monkeypatch.chdir(root)
+    run = FIT_RUN.relative_to(root)
+    fresh = tmp_path / "fresh.yaml"  # no spec there: the shipped one is the stated one
+    profile_yaml.main([str(run), str(fresh)])
+    assert fresh.read_bytes() == SHIPPED.read_bytes()
+    again = tmp_path / "again.yaml"  # regenerated in place: its own stated values
+    shutil.copyfile(SHIPPED, again)
+    profile_yaml.fit_and_write(run, again)
+    assert again.read_bytes() == SHIPPED.read_bytes()
+
+
+def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> None:
+    path = _hand_edited(tmp_path)
+    profile_yaml.fit_and_write(FIT_RUN, path)  # regenerated into the edited spec
+    text = path.read_text()
+    assert _stores(path) == {"staging": (52428800, 2.5e8),
+                             "flash": (2 * 2**30, pytest.approx(1.238e8, rel=0.05))}
+    assert "capacity_bytes: 2147483648  # 2 GiB = 8,192 chunks" in text
+    assert "4 GiB" not in text  # the comments say the stated size too
+    assert "read_bw_bytes_s: 2.5e+08  # estimate" in text
+
+
+def test_the_stated_spec_can_be_passed_explicitly(tmp_path: Path) -> None:
+    stated = _hand_edited(tmp_path)
+    out = tmp_path / "out.yaml"
+    shutil.copyfile(SHIPPED, out)  # passed explicitly, the stated spec wins over OUT's own
+    profile_yaml.fit_and_write(FIT_RUN, out, stated_spec=stated)
+    assert _stores(out)["flash"][0] == 2 * 2**30
+    assert _stores(out)["staging"] == (52428800, 2.5e8)
+
+
+def test_fitted_parameters_follow_the_fit(tmp_path: Path) -> None:
+    """Read rates and connector costs are `fitted` where the fit gave them, and those are
+    `validate.FITTED_PARAMETERS`, the kinds of a profile read from a file."""
+    _, fits, fresh, _ = profile_yaml.fit_and_write(FIT_RUN, tmp_path / "fresh.yaml")
+    table = profile_yaml.fitted_parameters(fresh, offload_fits=fits)
+    assert set(table[table.kind == "fitted"].parameter) == set(validate.FITTED_PARAMETERS)
+    from_file = profile_yaml.fitted_parameters(load_profile(SHIPPED))
+    assert from_file.kind.tolist() == table.kind.tolist()
+    no_fit = profile_yaml.fitted_parameters(fresh, offload_fits={})
+    assert set(no_fit[no_fit.parameter.str.startswith("flash.")].kind) == {"estimate"}
+
+
+def test_a_fitted_tier_the_stated_spec_lacks_is_refused(tmp_path: Path) -> None:
+    fit, fits, fresh, _ = profile_yaml.fit_and_write(FIT_RUN, tmp_path / "fresh.yaml")
+    stated = profile_yaml.read_stated(SHIPPED)
+    del stated["tiers"]["flash"]
+    with pytest.raises(ValueError, match=r"fitted tiers \['flash'\] are not LMCache tiers"):
+        profile_yaml.spec_text(fit, fresh, offload_fits=fits, lmcache_tiers=True,
+                               stated_spec=stated)
