@@ -56,9 +56,6 @@ server, the load client, a router) on CPU 1; a campaign's own placement (meta.js
 since the rates fitted on it hold for it."""
 PLACEMENT_NOTE = ("CPUs of every live process, the same for every tier (kvrepro.tier_spec."
                   "Placement): the placement the fit run was recorded with")
-EXTRA_BASELINES = {"large-kv": 268435456.0}
-"""Baseline tiers kept in the spec without being fitted on: `large-kv` (256 MiB of engine
-KV) is what data/live/cpu_tiny and cpu_tiny_heldout ran."""
 FIT_START_READ_BW = {"dram": 3.0e8, "flash": 1.5e8}
 """Where the offload fit starts each store's read rate, by store kind (LMCACHE_CPU.md's
 single-prompt timings): its first pass attributes loads with these rates, the second with
@@ -379,6 +376,16 @@ def stated_lmcache_tiers(stated: Mapping[str, Any]) -> dict[str, dict[str, Any]]
             if isinstance(tier, Mapping) and tier.get("stores")}
 
 
+def stated_baselines(stated: Mapping[str, Any], fitted_on: Iterable[str]
+                     ) -> dict[str, float]:
+    """The baseline tiers (no stores) of a raw stated spec that the fit run did not serve,
+    with their stated KV budgets: kept in the spec without being fitted on (cpu_tiny's
+    `large-kv`, 256 MiB of engine KV, is what data/live/cpu_tiny and cpu_tiny_heldout ran)."""
+    return {name: float(tier["kv_cache_bytes"]) for name, tier in stated["tiers"].items()
+            if isinstance(tier, Mapping) and not tier.get("stores")
+            and name not in set(fitted_on) and tier.get("kv_cache_bytes")}
+
+
 def _fit_start(stated: Mapping[str, Any]) -> dict[str, Any]:
     """`stated` with each LMCache store's read rate where the offload fit starts
     (`FIT_START_READ_BW` by kind; the stated rate for a kind it lacks)."""
@@ -520,7 +527,8 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
         "placement": Placement.model_validate(recorded or PLACEMENT)})
     kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
           for n in baselines}
-    kv = dict(sorted({**kv, **EXTRA_BASELINES}.items(), key=lambda item: item[1]))
+    kv = dict(sorted({**kv, **stated_baselines(stated, baselines)}.items(),
+                     key=lambda item: item[1]))
     runs = [f"{root} (tiers {', '.join(baselines)})"]
     start = spec_text(fit, profile, runs, kv, lmcache_tiers=True, stated_spec=_fit_start(stated))
     profile, fits = sim_profile(start.spec(f"unfitted spec for {out}")), {}
@@ -546,9 +554,9 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["COST_NOTES", "EXTRA_BASELINES", "FIT_START_READ_BW", "LIVE_DEFAULTS",
-           "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write", "fitted_parameters",
-           "main", "read_stated", "spec_text", "stated_lmcache_tiers", "write_profile_yaml"]
+__all__ = ["COST_NOTES", "FIT_START_READ_BW", "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText",
+           "StatedSpec", "fit_and_write", "fitted_parameters", "main", "read_stated",
+           "spec_text", "stated_baselines", "stated_lmcache_tiers", "write_profile_yaml"]
 
 
 if __name__ == "__main__":

@@ -64,6 +64,18 @@ def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> 
     assert "read_bw_bytes_s: 2.5e+08  # estimate" in text
 
 
+def test_a_baseline_tier_the_fit_run_did_not_serve_keeps_its_stated_budget(
+        tmp_path: Path) -> None:
+    """`large-kv` (no stores, not in the fit run) is stated in the spec only: a hand edit of
+    its budget survives (it was a constant in the writer, and came back as 256 MiB)."""
+    path = tmp_path / "cpu_tiny.yaml"
+    text = SHIPPED.read_text()
+    assert text.count("kv_cache_bytes: 268435456") == 1
+    path.write_text(text.replace("kv_cache_bytes: 268435456", "kv_cache_bytes: 134217728"))
+    profile_yaml.fit_and_write(FIT_RUN, path)
+    assert load_profile(path).tiers["large-kv"].kv_cache_bytes == 134217728
+
+
 def test_the_stated_spec_can_be_passed_explicitly(tmp_path: Path) -> None:
     stated = _hand_edited(tmp_path)
     out = tmp_path / "out.yaml"
