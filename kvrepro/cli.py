@@ -427,6 +427,46 @@ def _add_calibrate_parser(sub: argparse._SubParsersAction) -> None:
     cal.set_defaults(func=_calibrate)
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from kvrepro.plots.external_figures import score
+    from kvrepro.studies.external.case import load_case, resolve_case
+    from kvrepro.studies.external.predict import predict_all, refit, tier_effects
+
+    for case in args.cases:  # a bad case file stops here, before any folder is made
+        load_case(resolve_case(case))
+    if args.refit:
+        print(f"refitted the twin's constants into {refit()}")
+    out = _made_folder(Path(args.out) if args.out else _new_run_folder("predict"),
+                       "predict folder")
+    table = predict_all(out, args.cases or None, progress=not args.no_progress)
+    table.to_csv(out / "external.csv", index=False)
+    effects = tier_effects(table)
+    effects.to_csv(out / "tier_effects.csv", index=False)
+    shown = table[["case", "metric", "tier", "point", "published", "predicted", "error_pct",
+                   "label"]]
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    s = score(table)
+    print(f"predicted: {s['within_25']} of {s['n_predicted']} within 25 %, {s['within_10']} "
+          f"within 10 %; {s['n_fitted']} fitted; tier effects right: "
+          f"{int(effects['direction_right'].sum())} of {len(effects)}")
+    print(f"written: {out / 'external.csv'}, {out / 'tier_effects.csv'}")
+    return 0
+
+
+def _add_predict_parser(sub: argparse._SubParsersAction) -> None:
+    pred = sub.add_parser("predict", help="predict external GPU cases (published measurements "
+                          "or your own case file) with the twin: predicted vs published")
+    pred.add_argument("cases", nargs="*", metavar="CASE",
+                      help="a shipped case name (data/external/) or a case file; none: all "
+                           "shipped")
+    pred.add_argument("--out", help="folder for external.csv and the twin's files (default "
+                      "runs/predict-<UTC time>)")
+    pred.add_argument("--refit", action="store_true", help="first refit the fitted constants "
+                      "from their fit cases and rewrite data/external/constants.yaml")
+    pred.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pred.set_defaults(func=_predict)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -535,6 +575,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep_parser(sub)
     _add_calibrate_parser(sub)
     _add_doctor_parser(sub)
+    _add_predict_parser(sub)
     return parser
 
 

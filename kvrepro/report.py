@@ -211,6 +211,30 @@ def validation_tables(run_dir: Path) -> dict[str, Any] | None:
     return {"summary": summary, "rows": rows, "source": str(path)}
 
 
+def external_tables(run_dir: Path) -> dict[str, Any] | None:
+    """The external GPU cases' predicted vs published table (notebook 14), or None."""
+    path = run_dir / EXTERNAL_CSV
+    if not path.is_file():
+        return None
+    from kvrepro.plots.external_figures import score
+    from kvrepro.studies.external.predict import tier_effects
+
+    table = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    table["cause"] = table["cause"].fillna("")
+    effects = tier_effects(table)
+    rows = [{"case": r.case, "metric": r.metric, "tier": r.tier, "point": r.point,
+             "published": _show(r.published, "{:.4g}"), "predicted": _show(r.predicted, "{:.4g}"),
+             "error": _show(r.error_pct, "{:+.1f} %"), "label": r.label, "cause": r.cause,
+             "closeness": _closeness(float(r.error_pct))} for r in table.itertuples()]
+    return {"rows": rows, "score": score(table), "source": str(path),
+            "effects_right": int(effects["direction_right"].sum()), "effects_n": len(effects)}
+
+
+EXTERNAL_CSV = "external.csv"
+"""The external cases' table (`kvrepro.studies.external.predict.TABLE_COLUMNS`), next to the
+headline table in runs/<UTC timestamp>/."""
+
+
 def fit_tables(run_dir: Path, headlines: pd.DataFrame) -> dict[str, list[dict[str, str]]]:
     """The fitted targets' residuals (`kvrepro.studies.fits`) and every predicted miss a
     notebook explained (`results/misses/*.csv`, `kvrepro.studies.study_a_misses`)."""
@@ -314,6 +338,7 @@ def _context(run_dir: Path, figures_dir: Path) -> dict[str, Any]:
             "kinds": KINDS, "by_kind": count_by_kind(headlines).to_dict("records"),
             "close_pct": _CLOSE_PCT, "near_pct": _NEAR_PCT,
             "validation": validation_tables(run_dir), "fit": fit_tables(run_dir, headlines),
+            "external": external_tables(run_dir),
             "commit": _git_commit(run_dir),
             "versions": package_versions(), "machine": machine(),
             "notebooks": notebook_provenance(run_dir)}

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from kvrepro._checks import load_yaml
 from kvrepro._signals import stop_on_signals
-from kvrepro.report import TIMINGS_CSV, write_report
+from kvrepro.report import EXTERNAL_CSV, TIMINGS_CSV, write_report
 from kvrepro.studies import reference
 
 
@@ -230,6 +230,9 @@ def reproduce(notebooks_dir: str | Path = "notebooks", figures_dir: str | Path =
     if validation.is_file():  # notebook 06: the twin vs the live runs
         shutil.copyfile(validation, result.run_dir / VALIDATION_CSV)
         result.validation = pd.read_csv(validation)
+    external = result.run_dir / "results" / "external" / EXTERNAL_CSV
+    if external.is_file():  # notebook 14: the twin vs published GPU measurements
+        shutil.copyfile(external, result.run_dir / EXTERNAL_CSV)
     result.report = write_report(result.run_dir, figures_dir)
     return result
 

@@ -33,6 +33,13 @@ class GpuSpec(BaseModel):
     host_link_gb_s: float = Field(gt=0, description="host <-> GPU link, GB/s")
     mem_bw_tb_s: float = Field(gt=0, description="GPU memory bandwidth, TB/s")
     mem_gb: float = Field(gt=0, description="GPU memory, GB")
+    arch: str = Field("", description="architecture (Ampere, Hopper, Blackwell): the twin's "
+                                      "efficiencies are per architecture")
+    bf16_dense_tflops: float = Field(0.0, ge=0, description="dense BF16 tensor rate, TFLOP/s")
+    fp8_dense_tflops: float = Field(0.0, ge=0, description="dense FP8 tensor rate, TFLOP/s "
+                                                           "(0: no FP8 tensor cores)")
+    nvlink_gb_s: float = Field(0.0, ge=0, description="NVLink per GPU, bidirectional, GB/s "
+                                                      "(0: none)")
     source: str = ""
 
 

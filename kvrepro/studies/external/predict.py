@@ -1,0 +1,152 @@
+"""Predicted vs published, per case and for all shipped cases: the `external.csv` table.
+
+`predict_case(path)` reads a case, builds its server (`server.case_server`), runs its
+workload kind's runner (`experiments.EXPERIMENTS`) and returns one row per published number
+(`TABLE_COLUMNS`): the published value, the twin's, the signed error, and whether the number
+is predicted or fitted (its case, or the point, set a constant). `tier_effects(table)` pairs
+each offload tier with the GPU-only one at every point and says whether the twin gets the
+direction of the effect right.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from kvrepro.studies.external.case import ExternalCase, load_case, resolve_case, shipped_cases
+from kvrepro.studies.external.constants import load_constants
+from kvrepro.studies.external.experiments import EXPERIMENTS, PUBLISHED_FROM, CaseRun, key
+from kvrepro.studies.external.server import case_server
+
+TABLE_COLUMNS = ["case", "metric", "tier", "point", "point_value", "unit", "published",
+                 "predicted", "error_pct", "label", "read_off_figure", "cause"]
+LOWER_IS_BETTER = ("ttft", "e2e", "_s")
+"""Metrics where an offload tier's gain is a smaller number (latencies); the others
+(throughput, rates) gain upwards."""
+
+
+def published_rows(case: ExternalCase, case_dir: Path):
+    """The case's published numbers (from the file, or the probe's measurements)."""
+    extra = PUBLISHED_FROM.get(case.workload.kind)
+    return case.published + (extra(case, case_dir) if extra else [])
+
+
+def _unit(metric: str) -> str:
+    for suffix, unit in (("_tok_s", "tok/s"), ("_gb_s", "GB/s"), ("_s", "s")):
+        if metric.endswith(suffix):
+            return unit
+    return ""
+
+
+def _point(row) -> str:
+    extra = "".join(f", {k}={v:g}" for k, v in sorted(row.extra.items()))
+    return f"{row.point:g}{extra}"
+
+
+def _cause(case: ExternalCase, metric: str, tier: str) -> str:
+    return case.causes.get(f"{metric}/{tier}") or case.causes.get(metric) or ""
+
+
+def predict_case(path: str | Path, run_dir: str | Path) -> pd.DataFrame:
+    """One case's table (TABLE_COLUMNS); its run folder gets the twin's own files."""
+    src = resolve_case(str(path))
+    case = load_case(src)
+    out = Path(run_dir) / case.name
+    out.mkdir(parents=True, exist_ok=True)
+    constants = load_constants()
+    run = CaseRun(case, src.parent, case_server(case, constants), constants, out)
+    predicted = EXPERIMENTS[case.workload.kind](run)
+    rows = []
+    for p in published_rows(case, src.parent):
+        value = predicted.get(key(p.metric, p.tier, p.point, **p.extra), math.nan)
+        rows.append({"case": case.name, "metric": p.metric, "tier": p.tier,
+                     "point": _point(p), "point_value": p.point, "unit": _unit(p.metric),
+                     "published": p.value, "predicted": value,
+                     "error_pct": 100 * (value - p.value) / p.value, "label": case.label(p),
+                     "read_off_figure": p.read_off_figure,
+                     "cause": _cause(case, p.metric, p.tier)})
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    table.to_csv(out / "external.csv", index=False)
+    return table
+
+
+def predict_all(run_dir: str | Path, cases: list[str] | None = None,
+                progress: bool = True) -> pd.DataFrame:
+    """Every shipped case (or `cases`, names or paths), one table."""
+    names = cases or list(shipped_cases())
+    parts = []
+    for name in tqdm(names, desc="external cases", disable=not progress):
+        start = time.monotonic()
+        parts.append(predict_case(name, run_dir))
+        if progress:
+            tqdm.write(f"{name}: {time.monotonic() - start:.1f} s")
+    return pd.concat(parts, ignore_index=True)
+
+
+def tier_effects(table: pd.DataFrame) -> pd.DataFrame:
+    """Each offload tier against the case's reference tier (GPU-only, or a miss) at every
+    point and metric both have: published and predicted ratio offload / reference, and
+    whether the twin's effect goes the same way (lower latency, higher throughput)."""
+    rows = []
+    for (case, metric, point), group in table.groupby(["case", "metric", "point"], sort=False):
+        by_tier = group.set_index("tier")
+        ref = next((t for t in ("baseline", "hbm_only", "miss") if t in by_tier.index), None)
+        if ref is None:
+            continue
+        for tier in by_tier.index:
+            if tier in (ref, "gpu_hit", "device"):
+                continue
+            pub = by_tier.loc[tier, "published"] / by_tier.loc[ref, "published"]
+            pred = by_tier.loc[tier, "predicted"] / by_tier.loc[ref, "predicted"]
+            rows.append({"case": case, "metric": metric, "point": point,
+                         "baseline_tier": ref, "offload_tier": tier,
+                         "published_ratio": pub, "predicted_ratio": pred,
+                         "direction_right": bool((pub - 1) * (pred - 1) > 0)})
+    return pd.DataFrame(rows, columns=["case", "metric", "point", "baseline_tier",
+                                       "offload_tier", "published_ratio", "predicted_ratio",
+                                       "direction_right"])
+
+
+FS_FIT_CASE = "lmcache_fs_l2_qwen3coder"
+
+
+def fit_fs_read_latency() -> tuple[float, str]:
+    """`fs_read_latency_s` from the fs case's one fit point (`used_in_fit`): the twin's hot
+    TTFT is linear in the per-read latency (n chunks read `reads_in_flight` at a time, one
+    after another), so the point run at latency 0 gives the rest: L = (published - T(0)) x
+    reads_in_flight / chunks."""
+    from kvrepro.studies.external.constants import Constant
+    from kvrepro.studies.external.server import LMCACHE_CHUNK_TOKENS
+
+    src = resolve_case(FS_FIT_CASE)
+    case = load_case(src)
+    point = next(p for p in case.published if p.used_in_fit)
+    constants = load_constants()
+    constants.constants["fs_read_latency_s"] = Constant(value=0.0, unit="s", kind="fitted",
+                                                        source="", fit_case=FS_FIT_CASE)
+    one = case.model_copy(update={"workload": case.workload.model_copy(
+        update={"prompt_tokens": [int(point.point)]})})
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        run = CaseRun(one, src.parent, case_server(one, constants), constants, Path(tmp))
+        t0 = EXPERIMENTS[one.workload.kind](run)[key(point.metric, point.tier, point.point)]
+    store = case.setup.tiers[point.tier].stores[0]
+    chunks = int(point.point) // LMCACHE_CHUNK_TOKENS
+    latency = (point.value - t0) * store.reads_in_flight / chunks
+    how = (f"{FS_FIT_CASE}: hot TTFT {point.value:g} s at {point.point:g} tokens, "
+           f"{point.tier} ({store.reads_in_flight} read in flight): ({point.value:g} - "
+           f"{t0:.4g} s at latency 0) / {chunks} chunks")
+    return latency, how
+
+
+def refit() -> Path:
+    """Refit every fitted constant from its fit case and rewrite the frozen file."""
+    from kvrepro.studies.external.constants import Constant, write_constants
+    latency, how = fit_fs_read_latency()
+    extra = {"fs_read_latency_s": Constant(value=latency, unit="s per chunk-file read",
+                                           kind="fitted", fit_case=FS_FIT_CASE, source=how)}
+    return write_constants(extra=extra)

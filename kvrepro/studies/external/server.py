@@ -1,0 +1,128 @@
+"""The server spec (kvrepro.tier_spec.ServerSpec) of a case: its stated setup, the GPU and model
+catalogs, and the shared constants. Nothing here is per case: every rate is a catalog value
+times a constant.
+
+* Tensor parallelism: a TP group of n GPUs has n times one GPU's dense BF16 rate and HBM
+  bandwidth (`fp16_tflops`, `mem_bw_tb_s` of the group), and every step pays two all-reduces
+  per layer (after attention and after the MLP, Megatron-style, as vLLM runs it): a latency
+  each (`allreduce_latency_s`, in the step overhead) and the step's tokens' hidden states
+  over the GPUs' link (`tp_token_s`: a ring all-reduce moves 2 (n-1)/n of the data each way,
+  at NVLink's per-direction rate x `allreduce_link_efficiency`; PCIe when the GPU has none).
+* Step overhead: `graph_step_overhead_s` with CUDA graphs; with --enforce-eager,
+  `eager_layer_overhead_s` x layers on top (the launches a graph replay saves).
+* Offload to host memory: pinned DMA at the host link x `dma_one_way_efficiency` per GPU
+  (each GPU of a TP group moves its own shard: n links); vLLM's native connector loads and
+  stores asynchronously, in 16-token blocks (its GPU block, the offload block by default).
+* LMCache's fs L2 (multi-process server): one chunk file per 256 tokens, read back "hot" with
+  nothing in the L1 (the twin's tier is the fs store alone); the twin's shared_fs store reads
+  `reads_in_flight` chunks at once, each read `fs_read_latency_s`, capped by the device's rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvrepro.calc.roofline import GpuSpec, get_gpu
+from kvrepro.studies.external.case import ExternalCase, StoreSetup, TierSetup
+from kvrepro.studies.external.constants import Constants, load_constants
+from kvrepro.tier_spec import ServerSpec
+
+BYTES_PER_ACTIVATION = 2
+"""BF16 hidden states in the all-reduces."""
+LMCACHE_CHUNK_TOKENS = 256
+"""LMCache's default chunk_size (MP server and in-process alike)."""
+
+
+def case_gpu(case: ExternalCase) -> GpuSpec:
+    return get_gpu(case.setup.gpu)
+
+
+def twin_rates(case: ExternalCase, constants: Constants) -> dict[str, float]:
+    """The spec's `twin` block: the TP group's rates and the step's fixed and per-token cost."""
+    setup, gpu = case.setup, case_gpu(case)
+    model, tp = setup.model_spec(), setup.tensor_parallel_size
+    overhead_s = constants.value("graph_step_overhead_s")
+    if not setup.engine.cuda_graphs:
+        overhead_s += constants.value("eager_layer_overhead_s") * model.num_layers
+    tp_token_s = 0.0
+    if tp > 1:
+        overhead_s += 2 * model.num_layers * constants.value("allreduce_latency_s")
+        link_b_s = ((gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.host_link_gb_s) * 1e9
+                    * constants.value("allreduce_link_efficiency"))
+        moved_bytes = 2 * (tp - 1) / tp * model.hidden_size * BYTES_PER_ACTIVATION
+        tp_token_s = 2 * model.num_layers * moved_bytes / link_b_s
+    return {"fp16_tflops": tp * gpu.bf16_dense_tflops, "mem_bw_tb_s": tp * gpu.mem_bw_tb_s,
+            "mfu": constants.arch_value("prefill_mfu", gpu.arch),
+            "decode_efficiency": constants.arch_value("decode_efficiency", gpu.arch),
+            "step_overhead_s": overhead_s, "tp_token_s": tp_token_s, "step_combine": "max"}
+
+
+def kv_cache_bytes(case: ExternalCase) -> float:
+    """The GPU KV pool of one replica: as stated, else what vLLM leaves of
+    gpu_memory_utilization x memory after the weights and an activation reserve."""
+    setup, engine = case.setup, case.setup.engine
+    model = setup.model_spec()
+    if engine.kv_cache_tokens is not None:
+        return float(engine.kv_cache_tokens * model.kv_bytes_per_token)
+    tp, gpu = setup.tensor_parallel_size, case_gpu(case)
+    weights = model.params_total_b * 1e9 * model.weight_bytes_per_param
+    free = tp * (gpu.mem_gb * 1e9 * engine.gpu_memory_utilization
+                 - engine.activation_reserve_gb * 1e9) - weights
+    if free <= 0:
+        raise ValueError(f"case {case.name}: {setup.model_spec().name} does not fit "
+                         f"{tp} x {gpu.name} at gpu_memory_utilization "
+                         f"{engine.gpu_memory_utilization}")
+    return free
+
+
+def _store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
+           ) -> dict[str, Any]:
+    gpu, tp = case_gpu(case), case.setup.tensor_parallel_size
+    if store.kind == "dram":
+        dma_b_s = tp * gpu.host_link_gb_s * 1e9 * constants.value("dma_one_way_efficiency")
+        return {"name": name, "kind": "dram", "capacity_bytes": store.capacity_bytes,
+                "read_bw_bytes_s": dma_b_s, "write_bw_bytes_s": dma_b_s}
+    if store.device_read_gb_s is None:
+        raise ValueError(f"case {case.name}: an fs store needs device_read_gb_s (a datasheet "
+                         f"or fio figure)")
+    return {"name": name, "kind": "shared_fs", "capacity_bytes": store.capacity_bytes,
+            "path": f"/tmp/kvrepro-external/{case.name}/{name}",
+            "read_bw_bytes_s": store.device_read_gb_s * 1e9,
+            "write_bw_bytes_s": store.device_read_gb_s * 1e9,
+            "object_latency_s": constants.value("fs_read_latency_s"),
+            "reads_in_flight": store.reads_in_flight}
+
+
+def _tier(name: str, tier: TierSetup, case: ExternalCase, constants: Constants
+          ) -> dict[str, Any]:
+    if tier.connector == "none":
+        return {}
+    if tier.connector == "vllm_native":
+        stores = [_store(name, s, case, constants) for s in tier.stores]
+        return {"connector": "native", "chunk_tokens": case.setup.engine.block_tokens,
+                "stores": stores, "lmcache": {"enable_async_loading": True}}
+    stores = [_store(f"{name}_{i}" if i else name, s, case, constants)
+              for i, s in enumerate(tier.stores)]
+    return {"chunk_tokens": LMCACHE_CHUNK_TOKENS, "stores": stores}
+
+
+def case_server(case: ExternalCase, constants: Constants | None = None) -> ServerSpec:
+    """The case's server as a spec both engines read (the twin runs it here)."""
+    constants = constants or load_constants()
+    setup, engine = case.setup, case.setup.engine
+    model = setup.model_spec()
+    spec = {
+        "description": f"external case {case.name}: {case.title}",
+        "model": setup.model if isinstance(setup.model, str) else model.model_dump(),
+        "engine": {"kv_cache_bytes": kv_cache_bytes(case), "block_tokens": engine.block_tokens,
+                   "max_num_batched_tokens": engine.max_num_batched_tokens,
+                   "max_num_seqs": engine.max_num_seqs, "max_model_len": engine.max_model_len},
+        "twin": {**twin_rates(case, constants), "sample_interval_s": 10.0},
+        "live": {"model": setup.hf_model, "tensor_parallel_size": setup.tensor_parallel_size,
+                 "lmcache_mode": "multi_process" if any(
+                     t.connector == "lmcache_mp" for t in setup.tiers.values())
+                 else "in_process"},
+        "tiers": {name: _tier(name, tier, case, constants)
+                  for name, tier in setup.tiers.items()},
+    }
+    return ServerSpec.model_validate(spec)
