@@ -106,7 +106,7 @@ class TwinRates(StrictModel):
                                          "(kvrepro.engines.live.front_end measures it)")
     tp_token_s: float = Field(0.0, ge=0, description="time per token a step schedules for "
                               "the tensor-parallel all-reduces' transfer over the GPUs' link "
-                              "(kvrepro.studies.external.server derives it; 0 at TP 1)")
+                              "(kvrepro.studies.external.server_spec derives it; 0 at TP 1)")
     step_combine: Literal["max", "sum"] = Field(
         "max", description="a step's prefill compute and its memory traffic (weights, every "
                            "request's KV) overlap (max: a GPU's roofline) or run one after "

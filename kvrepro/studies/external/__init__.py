@@ -6,7 +6,7 @@ Modules:
   fitted on a declared fit case, then frozen (data/external/constants.yaml);
 * `case`: a case file (data/external/<case>.yaml): its source, setup as stated, workload,
   published numbers and the assumptions where the source is silent;
-* `server`: the server spec (kvrepro.tier_spec) a case's setup and the constants make;
+* `server_spec`: the server spec (kvrepro.tier_spec) a case's setup and the constants make;
 * `experiments`: one runner per workload kind (probe, single-request sweep, hot TTFT,
   shared-prefix fleet, study B), registered by kind;
 * `predict`: every case's predicted vs published table (`external.csv`) and tier effects.

@@ -27,7 +27,7 @@ from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import FleetSpec
 from kvrepro.studies.external.case import ExternalCase, Published
 from kvrepro.studies.external.constants import Constants
-from kvrepro.studies.external.server import case_gpu
+from kvrepro.studies.external.server_spec import case_gpu
 from kvrepro.studies.study_b import microbench_profile
 from kvrepro.tier_spec import ServerSpec
 from kvrepro.workload.benchmarks import MicrobenchSpec, microbenchmark

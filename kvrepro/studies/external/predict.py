@@ -20,13 +20,10 @@ from tqdm.auto import tqdm
 from kvrepro.studies.external.case import ExternalCase, load_case, resolve_case, shipped_cases
 from kvrepro.studies.external.constants import load_constants
 from kvrepro.studies.external.experiments import EXPERIMENTS, PUBLISHED_FROM, CaseRun, key
-from kvrepro.studies.external.server import case_server
+from kvrepro.studies.external.server_spec import case_server
 
 TABLE_COLUMNS = ["case", "metric", "tier", "point", "point_value", "unit", "published",
                  "predicted", "error_pct", "label", "read_off_figure", "cause"]
-LOWER_IS_BETTER = ("ttft", "e2e", "_s")
-"""Metrics where an offload tier's gain is a smaller number (latencies); the others
-(throughput, rates) gain upwards."""
 
 
 def published_rows(case: ExternalCase, case_dir: Path):
@@ -120,7 +117,7 @@ def fit_fs_read_latency() -> tuple[float, str]:
     after another), so the point run at latency 0 gives the rest: L = (published - T(0)) x
     reads_in_flight / chunks."""
     from kvrepro.studies.external.constants import Constant
-    from kvrepro.studies.external.server import LMCACHE_CHUNK_TOKENS
+    from kvrepro.studies.external.server_spec import LMCACHE_CHUNK_TOKENS
 
     src = resolve_case(FS_FIT_CASE)
     case = load_case(src)

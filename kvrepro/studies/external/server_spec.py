@@ -75,13 +75,16 @@ def kv_cache_bytes(case: ExternalCase) -> float:
     return free
 
 
-def _store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
-           ) -> dict[str, Any]:
+def _dram_store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
+                ) -> dict[str, Any]:
     gpu, tp = case_gpu(case), case.setup.tensor_parallel_size
-    if store.kind == "dram":
-        dma_b_s = tp * gpu.host_link_gb_s * 1e9 * constants.value("dma_one_way_efficiency")
-        return {"name": name, "kind": "dram", "capacity_bytes": store.capacity_bytes,
-                "read_bw_bytes_s": dma_b_s, "write_bw_bytes_s": dma_b_s}
+    dma_b_s = tp * gpu.host_link_gb_s * 1e9 * constants.value("dma_one_way_efficiency")
+    return {"name": name, "kind": "dram", "capacity_bytes": store.capacity_bytes,
+            "read_bw_bytes_s": dma_b_s, "write_bw_bytes_s": dma_b_s}
+
+
+def _fs_store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
+              ) -> dict[str, Any]:
     if store.device_read_gb_s is None:
         raise ValueError(f"case {case.name}: an fs store needs device_read_gb_s (a datasheet "
                          f"or fio figure)")
@@ -91,6 +94,15 @@ def _store(name: str, store: StoreSetup, case: ExternalCase, constants: Constant
             "write_bw_bytes_s": store.device_read_gb_s * 1e9,
             "object_latency_s": constants.value("fs_read_latency_s"),
             "reads_in_flight": store.reads_in_flight}
+
+
+STORE_BUILDERS = {"dram": _dram_store, "fs": _fs_store}
+"""A case's store kind -> the twin store it runs as (kvrepro.stores kinds dram, shared_fs)."""
+
+
+def _store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
+           ) -> dict[str, Any]:
+    return STORE_BUILDERS[store.kind](name, store, case, constants)
 
 
 def _tier(name: str, tier: TierSetup, case: ExternalCase, constants: Constants

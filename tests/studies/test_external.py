@@ -1,0 +1,264 @@
+"""External GPU cases (kvrepro.studies.external): the case files, the frozen constants and
+their refit, the fitted labels, the tier effects, the server a case makes, and the step
+time's tensor-parallel term. The llm-d fleet run (about a minute) is left to notebook 14."""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from kvrepro.calc.roofline import get_gpu
+from kvrepro.engines.sim.config import sim_profile
+from kvrepro.engines.sim.steptime import StepTimer
+from kvrepro.model_spec import get_model
+from kvrepro.studies.external import constants as consts
+from kvrepro.studies.external import predict, server
+from kvrepro.studies.external.case import (
+    ExternalCase,
+    forbidden_keys,
+    load_case,
+    shipped_cases,
+)
+
+SHIPPED = {"measured_h200", "vllm_blog_llama8b_h100", "h20_qwen3coder_tiers",
+           "lmcache_fs_l2_qwen3coder", "llmd_qwen3_32b"}
+KINDS = {"measured", "fitted", "datasheet", "estimate"}
+LLMD, H20, FS = "llmd_qwen3_32b", "h20_qwen3coder_tiers", "lmcache_fs_l2_qwen3coder"
+
+
+def _case(name: str) -> ExternalCase:
+    return load_case(shipped_cases()[name])
+
+
+@pytest.fixture(scope="module")
+def fit_case_tables(tmp_path_factory) -> dict[str, pd.DataFrame]:
+    """predict_case of every case a constant names (the fit cases: a few seconds)."""
+    run_dir = tmp_path_factory.mktemp("external")
+    names = consts.load_constants().fit_cases() | {"measured_h200", FS}
+    return {name: predict.predict_case(name, run_dir) for name in sorted(names)}
+
+
+# ------------------------------------------------------------------ 1. case files load
+
+def test_every_shipped_case_file_loads() -> None:
+    cases = shipped_cases()
+    assert SHIPPED <= set(cases)
+    assert "constants" not in cases
+    for name, path in cases.items():
+        case = load_case(path)
+        assert case.name == name
+        assert case.setup.tiers
+
+
+@pytest.mark.parametrize(("where", "key", "named"), [
+    (("setup", "engine"), "mfu", "setup.engine.mfu"),
+    ((), "decode_efficiency", "decode_efficiency"),
+    # past the schema (extra is free-form), caught by forbidden_keys alone
+    (("published", 0, "extra"), "fs_read_latency_s", "published.0.extra.fs_read_latency_s"),
+], ids=["engine-mfu", "top-level-decode-efficiency", "published-extra-constant"])
+def test_a_case_that_sets_a_twin_constant_is_refused_naming_the_key(
+        tmp_path: Path, where: tuple, key: str, named: str) -> None:
+    src = shipped_cases()[LLMD]
+    tree = yaml.safe_load(src.read_text())
+    target = tmp_path / src.name  # the same stem: the name check passes
+    target.write_text(yaml.safe_dump(tree, sort_keys=False))
+    assert load_case(target).name == LLMD  # the unmodified copy loads
+    node = tree
+    for step in where:
+        node = node.setdefault(step, {}) if isinstance(node, dict) else node[step]
+    node[key] = 0.7
+    target.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(ValueError, match=re.escape(named)):
+        load_case(target)
+
+
+# ------------------------------------------------------------------ 2. no forbidden key
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_no_shipped_case_file_holds_a_forbidden_key(name: str) -> None:
+    raw = yaml.safe_load(shipped_cases()[name].read_text())
+    assert forbidden_keys(raw) == []
+
+
+def test_forbidden_keys_finds_a_key_planted_deep_in_a_nested_list() -> None:
+    tree = {"setup": {"tiers": {"cpu": {"stores": [
+        {"kind": "dram"}, {"kind": "fs", "options": [1, {"deep": {"prefill_mfu": 0.5}}]}]}}},
+        "published": [{"extra": {"graph_step_overhead_s": 0.01}}],  # a constant's name
+        "note": "mfu"}  # a value, not a key
+    assert forbidden_keys(tree) == ["setup.tiers.cpu.stores.1.options.1.deep.prefill_mfu",
+                                    "published.0.extra.graph_step_overhead_s"]
+    assert forbidden_keys({"workload": [{"decode_efficiency.Hopper": 1}]}) == [
+        "workload.0.decode_efficiency.Hopper"]
+
+
+# ------------------------------------------------------------------ 3. frozen = refit
+
+def test_the_frozen_constants_equal_a_refit() -> None:
+    frozen = consts.load_constants()
+    refit = consts.fit_constants()
+    assert refit
+    for name, constant in refit.items():
+        assert name in frozen.constants, name
+        stored = frozen.constants[name]
+        assert stored.value == pytest.approx(constant.value, rel=1e-3), name
+        assert (stored.kind, stored.fit_case, stored.unit) == (
+            constant.kind, constant.fit_case, constant.unit), name
+
+
+def test_the_frozen_fs_read_latency_equals_its_refit() -> None:
+    latency, how = predict.fit_fs_read_latency()
+    assert latency > 0
+    assert consts.load_constants().value("fs_read_latency_s") == pytest.approx(latency,
+                                                                                rel=1e-3)
+    assert how.startswith(predict.FS_FIT_CASE)
+
+
+def test_a_refit_on_other_measurements_would_differ_from_the_frozen_file() -> None:
+    """The guard of the refit test: prefills 1.3x slower give an MFU 1/1.3 of the frozen
+    one, far outside the 1e-3 the test allows, so a stale file would fail it."""
+    probe = copy.deepcopy(consts.probe_results())
+    for row in probe["prefill"]:
+        row["prefill_s"] *= 1.3
+    frozen = consts.load_constants().value("prefill_mfu.Hopper")
+    slow = consts.prefill_mfu(probe, get_model(consts.PROBE_MODEL), get_gpu("H200"))
+    assert slow == pytest.approx(frozen / 1.3, rel=1e-3)
+    refit = consts.fit_constants(probe)["prefill_mfu.Hopper"].value
+    assert refit != pytest.approx(frozen, rel=1e-3)
+
+
+# ------------------------------------------------------------------ 4. fit cases, kinds
+
+def test_every_fit_case_is_shipped_and_labels_its_rows_fitted(fit_case_tables) -> None:
+    frozen = consts.load_constants()
+    named = {c.fit_case for c in frozen.constants.values() if c.fit_case}
+    assert named == frozen.fit_cases() and named
+    assert named <= set(shipped_cases())
+    for case in named:
+        assert (fit_case_tables[case]["label"] == "fitted").any(), case
+
+
+def test_every_constant_has_an_allowed_kind_and_a_fitted_one_its_case() -> None:
+    raw = yaml.safe_load(consts.constants_path().read_text())["constants"]
+    assert raw
+    for name, entry in raw.items():
+        assert entry["kind"] in KINDS, name
+        if entry["kind"] == "fitted":
+            assert entry.get("fit_case"), name
+
+
+# ------------------------------------------------------------------ 5. fitted labels
+
+def test_the_fs_case_reproduces_its_fit_point_and_labels_only_it_fitted(
+        fit_case_tables) -> None:
+    table = fit_case_tables[FS]
+    [point] = [p for p in _case(FS).published if p.used_in_fit]
+    fitted = table[table["label"] == "fitted"]
+    assert len(fitted) == 1
+    row = fitted.iloc[0]
+    assert (row["metric"], row["tier"], row["point_value"]) == (point.metric, point.tier,
+                                                                point.point)
+    assert row["predicted"] == pytest.approx(point.value, rel=1e-3)
+    assert abs(row["error_pct"]) < 0.1
+    assert (table["label"] == "predicted").sum() == len(table) - 1
+
+
+def test_the_probe_case_labels_every_row_fitted(fit_case_tables) -> None:
+    table = fit_case_tables["measured_h200"]
+    assert len(table) > 0
+    assert (table["label"] == "fitted").all()
+    assert table["predicted"].notna().all()
+
+
+# ------------------------------------------------------------------ 6. tier effects
+
+def test_tier_effects_direction_on_a_hand_made_table() -> None:
+    rows = [  # case, metric, point, tier, published, predicted
+        ("a", "ttft_s", "1", "miss", 1.0, 2.0),
+        ("a", "ttft_s", "1", "cpu", 0.5, 0.4),       # both faster: right
+        ("a", "ttft_s", "1", "gpu_hit", 0.1, 0.1),   # a view, not an offload tier
+        ("a", "ttft_s", "2", "miss", 1.0, 1.0),
+        ("a", "ttft_s", "2", "cpu", 0.5, 1.2),       # the twin says slower: wrong
+        ("b", "throughput_tok_s", "5", "hbm_only", 100.0, 100.0),
+        ("b", "throughput_tok_s", "5", "cpu", 150.0, 90.0),   # wrong
+        ("b", "throughput_tok_s", "10", "hbm_only", 100.0, 200.0),
+        ("b", "throughput_tok_s", "10", "cpu", 150.0, 240.0),  # right
+        ("b", "e2e_p90_s", "5", "hbm_only", 20.0, 12.0),
+        ("b", "e2e_p90_s", "5", "cpu", 19.0, 12.0),  # no predicted effect: not right
+        ("c", "ttft_s", "1", "x", 1.0, 1.0),         # no reference tier: left out
+        ("c", "ttft_s", "1", "y", 2.0, 2.0),
+        ("d", "prefill_s", "1", "device", 1.0, 1.0)]
+    table = pd.DataFrame(rows, columns=["case", "metric", "point", "tier", "published",
+                                        "predicted"])
+    effects = predict.tier_effects(table)
+    got = list(zip(effects["case"], effects["point"], effects["baseline_tier"],
+                   effects["offload_tier"], effects["direction_right"], strict=True))
+    assert got == [("a", "1", "miss", "cpu", True), ("a", "2", "miss", "cpu", False),
+                   ("b", "5", "hbm_only", "cpu", False), ("b", "10", "hbm_only", "cpu", True),
+                   ("b", "5", "hbm_only", "cpu", False)]
+    assert effects["published_ratio"].tolist() == pytest.approx([0.5, 0.5, 1.5, 1.5, 0.95])
+    assert effects["predicted_ratio"].tolist() == pytest.approx([0.2, 1.2, 0.9, 1.2, 1.0])
+
+
+# ------------------------------------------------------------------ 7. the case's server
+
+def test_tensor_parallel_rates_and_all_reduce_cost() -> None:
+    case = _case(LLMD)
+    gpu = get_gpu(case.setup.gpu)
+    assert case.setup.tensor_parallel_size == 2
+    c = consts.load_constants()
+    twin = server.case_server(case, c).twin
+    assert twin.fp16_tflops == pytest.approx(2 * gpu.bf16_dense_tflops)
+    assert twin.mem_bw_tb_s == pytest.approx(2 * gpu.mem_bw_tb_s)
+    assert twin.tp_token_s > 0
+    one = case.model_copy(update={"setup": case.setup.model_copy(
+        update={"tensor_parallel_size": 1})})
+    solo = server.case_server(one, c).twin
+    assert solo.tp_token_s == 0
+    assert solo.fp16_tflops == pytest.approx(gpu.bf16_dense_tflops)
+    assert solo.mem_bw_tb_s == pytest.approx(gpu.mem_bw_tb_s)
+    layers = case.setup.model_spec().num_layers
+    assert twin.step_overhead_s - solo.step_overhead_s == pytest.approx(
+        2 * layers * c.value("allreduce_latency_s"))
+
+
+def test_enforce_eager_adds_the_eager_overhead_per_layer() -> None:
+    case = _case(H20)
+    assert not case.setup.engine.cuda_graphs
+    assert case.setup.model_spec().num_layers == 48
+    c = consts.load_constants()
+    eager = server.case_server(case, c).twin.step_overhead_s
+    assert eager == pytest.approx(c.value("graph_step_overhead_s")
+                                  + 48 * c.value("eager_layer_overhead_s"))
+    graphs = case.model_copy(update={"setup": case.setup.model_copy(update={
+        "engine": case.setup.engine.model_copy(update={"cuda_graphs": True})})})
+    graph = server.case_server(graphs, c).twin.step_overhead_s
+    assert graph == pytest.approx(c.value("graph_step_overhead_s"))
+    assert eager - graph == pytest.approx(48 * c.value("eager_layer_overhead_s"))
+
+
+# ------------------------------------------------------------------ 8. StepTimer's TP term
+
+def test_tp_token_s_adds_batch_tokens_times_it_to_every_step_time() -> None:
+    profile = sim_profile(server.case_server(_case(LLMD)))
+    with_tp = profile.server
+    tp_s = with_tp.tp_token_s
+    assert tp_s > 0
+    timer = StepTimer(with_tp)
+    bare = StepTimer(with_tp.model_copy(update={"tp_token_s": 0.0}))
+    for batch in (1, 7, 64, 300):
+        step_fn, bare_fn = timer.decode_step_fn(batch), bare.decode_step_fn(batch)
+        for kv in (0, 1000, 123_457):
+            decode = timer.decode_step_s(kv, batch)
+            assert step_fn(kv) == decode  # bit-equal: the scheduler's runs use step_fn
+            assert timer.step_s([], kv, batch_tokens=batch) == decode
+            assert decode - bare.decode_step_s(kv, batch) == pytest.approx(batch * tp_s)
+            assert step_fn(kv) - bare_fn(kv) == pytest.approx(batch * tp_s)
+            chunks = [(batch, kv)]
+            assert (timer.step_s(chunks, kv + batch, batch_tokens=batch)
+                    - bare.step_s(chunks, kv + batch, batch_tokens=batch)
+                    ) == pytest.approx(batch * tp_s)
