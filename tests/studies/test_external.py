@@ -17,7 +17,7 @@ from kvrepro.engines.sim.config import sim_profile
 from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.model_spec import get_model
 from kvrepro.studies.external import constants as consts
-from kvrepro.studies.external import predict, server
+from kvrepro.studies.external import predict, server_spec
 from kvrepro.studies.external.case import (
     ExternalCase,
     forbidden_keys,
@@ -211,13 +211,13 @@ def test_tensor_parallel_rates_and_all_reduce_cost() -> None:
     gpu = get_gpu(case.setup.gpu)
     assert case.setup.tensor_parallel_size == 2
     c = consts.load_constants()
-    twin = server.case_server(case, c).twin
+    twin = server_spec.case_server(case, c).twin
     assert twin.fp16_tflops == pytest.approx(2 * gpu.bf16_dense_tflops)
     assert twin.mem_bw_tb_s == pytest.approx(2 * gpu.mem_bw_tb_s)
     assert twin.tp_token_s > 0
     one = case.model_copy(update={"setup": case.setup.model_copy(
         update={"tensor_parallel_size": 1})})
-    solo = server.case_server(one, c).twin
+    solo = server_spec.case_server(one, c).twin
     assert solo.tp_token_s == 0
     assert solo.fp16_tflops == pytest.approx(gpu.bf16_dense_tflops)
     assert solo.mem_bw_tb_s == pytest.approx(gpu.mem_bw_tb_s)
@@ -231,12 +231,12 @@ def test_enforce_eager_adds_the_eager_overhead_per_layer() -> None:
     assert not case.setup.engine.cuda_graphs
     assert case.setup.model_spec().num_layers == 48
     c = consts.load_constants()
-    eager = server.case_server(case, c).twin.step_overhead_s
+    eager = server_spec.case_server(case, c).twin.step_overhead_s
     assert eager == pytest.approx(c.value("graph_step_overhead_s")
                                   + 48 * c.value("eager_layer_overhead_s"))
     graphs = case.model_copy(update={"setup": case.setup.model_copy(update={
         "engine": case.setup.engine.model_copy(update={"cuda_graphs": True})})})
-    graph = server.case_server(graphs, c).twin.step_overhead_s
+    graph = server_spec.case_server(graphs, c).twin.step_overhead_s
     assert graph == pytest.approx(c.value("graph_step_overhead_s"))
     assert eager - graph == pytest.approx(48 * c.value("eager_layer_overhead_s"))
 
@@ -244,7 +244,7 @@ def test_enforce_eager_adds_the_eager_overhead_per_layer() -> None:
 # ------------------------------------------------------------------ 8. StepTimer's TP term
 
 def test_tp_token_s_adds_batch_tokens_times_it_to_every_step_time() -> None:
-    profile = sim_profile(server.case_server(_case(LLMD)))
+    profile = sim_profile(server_spec.case_server(_case(LLMD)))
     with_tp = profile.server
     tp_s = with_tp.tp_token_s
     assert tp_s > 0

@@ -211,24 +211,26 @@ FORBIDDEN_KEYS = frozenset({
 """Keys that set a twin constant or a rate the constants derive: never in a case file."""
 
 
-def forbidden_keys(tree: Any, path: str = "") -> list[str]:
+def forbidden_keys(tree: Any, path: str = "", names: frozenset[str] | None = None
+                   ) -> list[str]:
     """Dotted paths of every key of `tree` that would set a twin constant."""
+    names = FORBIDDEN_KEYS | _constant_names() if names is None else names
     found: list[str] = []
     if isinstance(tree, dict):
         for key, value in tree.items():
             here = f"{path}.{key}" if path else str(key)
-            if key in FORBIDDEN_KEYS or str(key).split(".")[0] in _constant_names():
+            if str(key) in names or str(key).split(".")[0] in names:
                 found.append(here)
-            found += forbidden_keys(value, here)
+            found += forbidden_keys(value, here, names)
     elif isinstance(tree, list):
         for i, value in enumerate(tree):
-            found += forbidden_keys(value, f"{path}.{i}")
+            found += forbidden_keys(value, f"{path}.{i}", names)
     return found
 
 
-def _constant_names() -> set[str]:
+def _constant_names() -> frozenset[str]:
     from kvrepro.studies.external.constants import load_constants
-    return {name.split(".")[0] for name in load_constants().constants}
+    return frozenset(name.split(".")[0] for name in load_constants().constants)
 
 
 def cases_dir() -> Path:
@@ -239,11 +241,16 @@ def load_case(path: str | Path) -> ExternalCase:
     """Read a case file; a key that sets a twin constant is refused, naming it."""
     import yaml
     src = Path(path)
+    if src.is_file():  # a constant is named as such, before the schema's "extra input"
+        try:
+            tree = yaml.safe_load(src.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError):
+            tree = None  # load_yaml_model reports it with its line
+        bad = forbidden_keys(tree)
+        if bad:
+            raise ValueError(f"{src}: {bad[0]}: a case file may not set a twin constant "
+                             f"(they are shared: data/external/constants.yaml)")
     case = load_yaml_model(src, ExternalCase, "external case")
-    bad = forbidden_keys(yaml.safe_load(src.read_text()))
-    if bad:
-        raise ValueError(f"{src}: {bad[0]}: a case file may not set a twin constant (they are "
-                         f"shared: data/external/constants.yaml)")
     if case.name != src.stem:
         raise ValueError(f"{src}: name {case.name!r} differs from the file name {src.stem!r}")
     return case

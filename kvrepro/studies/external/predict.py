@@ -1,6 +1,6 @@
 """Predicted vs published, per case and for all shipped cases: the `external.csv` table.
 
-`predict_case(path)` reads a case, builds its server (`server.case_server`), runs its
+`predict_case(path)` reads a case, builds its server (`server_spec.case_server`), runs its
 workload kind's runner (`experiments.EXPERIMENTS`) and returns one row per published number
 (`TABLE_COLUMNS`): the published value, the twin's, the signed error, and whether the number
 is predicted or fitted (its case, or the point, set a constant). `tier_effects(table)` pairs
@@ -74,7 +74,7 @@ def predict_case(path: str | Path, run_dir: str | Path) -> pd.DataFrame:
 def predict_all(run_dir: str | Path, cases: list[str] | None = None,
                 progress: bool = True) -> pd.DataFrame:
     """Every shipped case (or `cases`, names or paths), one table."""
-    names = cases or list(shipped_cases())
+    names = list(shipped_cases()) if cases is None else cases
     parts = []
     for name in tqdm(names, desc="external cases", disable=not progress):
         start = time.monotonic()
