@@ -31,6 +31,8 @@ class GpuSpec(BaseModel):
     name: str
     fp16_tflops: float = Field(gt=0, description="peak FP16 rate, TFLOP/s")
     host_link_gb_s: float = Field(gt=0, description="host <-> GPU link, GB/s")
+    pcie_gen: int = Field(0, ge=0, description="the host link's PCIe generation (0: not PCIe "
+                                               "or not given)")
     mem_bw_tb_s: float = Field(gt=0, description="GPU memory bandwidth, TB/s")
     mem_gb: float = Field(gt=0, description="GPU memory, GB")
     arch: str = Field("", description="architecture (Ampere, Hopper, Blackwell): the twin's "

@@ -26,7 +26,7 @@ from kvrepro.studies.external.case import (
 )
 
 SHIPPED = {"measured_h200", "vllm_blog_llama8b_h100", "h20_qwen3coder_tiers",
-           "lmcache_fs_l2_qwen3coder", "llmd_qwen3_32b"}
+           "lmcache_fs_l2_qwen3coder", "llmd_qwen3_32b", "study_b_h100"}
 KINDS = {"measured", "fitted", "datasheet", "estimate"}
 LLMD, H20, FS = "llmd_qwen3_32b", "h20_qwen3coder_tiers", "lmcache_fs_l2_qwen3coder"
 
@@ -52,7 +52,7 @@ def test_every_shipped_case_file_loads() -> None:
     for name, path in cases.items():
         case = load_case(path)
         assert case.name == name
-        assert case.setup.tiers
+        assert case.setup.tier_names()
 
 
 @pytest.mark.parametrize(("where", "key", "named"), [
@@ -262,3 +262,30 @@ def test_tp_token_s_adds_batch_tokens_times_it_to_every_step_time() -> None:
             assert (timer.step_s(chunks, kv + batch, batch_tokens=batch)
                     - bare.step_s(chunks, kv + batch, batch_tokens=batch)
                     ) == pytest.approx(batch * tp_s)
+
+
+# ------------------------------------------------------------------ 9. a named server spec
+
+def test_a_case_naming_a_server_spec_runs_it_with_the_shared_rates() -> None:
+    from kvrepro.tier_spec import shipped_server
+
+    case = _case("study_b_h100")
+    c = consts.load_constants()
+    spec = server_spec.case_server(case, c)
+    study_b = shipped_server("study_b")
+    assert set(spec.tiers) == set(study_b.tiers)
+    assert spec.tiers["opt"] == study_b.tiers["opt"]  # the B6-fitted stores are kept
+    assert spec.twin.mfu == c.arch_value("prefill_mfu", "Hopper") != study_b.twin.mfu
+    assert spec.twin.fp16_tflops == get_gpu("H100-PCIe").bf16_dense_tflops
+
+
+def test_tiers_and_a_server_spec_together_are_refused() -> None:
+    from pydantic import ValidationError
+
+    from kvrepro.studies.external.case import Setup
+
+    base = _case("study_b_h100").setup.model_dump()
+    with pytest.raises(ValidationError, match="either tiers or server_spec"):
+        Setup.model_validate({**base, "tiers": {"x": {"connector": "none"}}})
+    with pytest.raises(ValidationError, match="either tiers or server_spec"):
+        Setup.model_validate({**base, "server_spec": None})

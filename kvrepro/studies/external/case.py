@@ -103,7 +103,27 @@ class Setup(_Strict):
     replicas: int = Field(1, gt=0)
     router: Literal["none", "prefix_aware", "round_robin"] = "none"
     engine: EngineSetup
-    tiers: dict[str, TierSetup] = Field(min_length=1)
+    tiers: dict[str, TierSetup] = Field(default_factory=dict)
+    server_spec: str | None = Field(None, description="a server spec (shipped name or path) "
+                                    "whose engine and tiers the case runs as they are, with "
+                                    "the shared constants' rates for the GPU (study B's, "
+                                    "whose LMCache store costs kvrepro calibrate fitted on "
+                                    "B6); then `tiers` stays empty")
+
+    @model_validator(mode="after")
+    def _tiers_or_spec(self) -> Setup:
+        if bool(self.tiers) == bool(self.server_spec):
+            raise ValueError("give either tiers or server_spec (a spec brings its own tiers)")
+        return self
+
+    def tier_names(self) -> set[str]:
+        """The tiers the case runs: its own, or its server spec's."""
+        if self.server_spec is None:
+            return set(self.tiers)
+        from kvrepro.tier_spec import load_server, shipped_server
+        spec = (load_server(self.server_spec) if self.server_spec.endswith((".yaml", ".yml"))
+                else shipped_server(self.server_spec))
+        return set(spec.tiers)
 
     def model_spec(self) -> ModelSpec:
         return get_model(self.model) if isinstance(self.model, str) else self.model
@@ -125,15 +145,6 @@ class SingleRequestWorkload(_Strict):
     output_tokens: int = Field(1, gt=0)
 
 
-class HotTtftWorkload(_Strict):
-    """Each context written to the offload store once, then read back (hot) by the same
-    prompt, its GPU copy gone."""
-
-    kind: Literal["hot_ttft"]
-    context_tokens: list[int] = Field(min_length=1)
-    output_tokens: int = Field(1, gt=0)
-
-
 class Stage(_Strict):
     rate_qps: float = Field(gt=0)
     duration_s: float = Field(gt=0)
@@ -151,8 +162,16 @@ class SharedPrefixWorkloadSetup(_Strict):
     stages: list[Stage] = Field(min_length=1)
 
 
-WorkloadSetup = Annotated[ProbeWorkload | SingleRequestWorkload | HotTtftWorkload
-                          | SharedPrefixWorkloadSetup, Field(discriminator="kind")]
+class StudyBWorkload(_Strict):
+    """Study B's B6 microbenchmark and B7 QPS sweep (kvrepro.studies.study_b), their
+    published numbers read from the reference table (data/reference/reference_numbers.csv)."""
+
+    kind: Literal["study_b"]
+    b7_qps: list[float] = Field([0.1, 0.2, 0.3, 0.4, 0.5], min_length=1)
+
+
+WorkloadSetup = Annotated[ProbeWorkload | SingleRequestWorkload | SharedPrefixWorkloadSetup
+                          | StudyBWorkload, Field(discriminator="kind")]
 
 
 class Published(_Strict):
@@ -183,17 +202,19 @@ class ExternalCase(_Strict):
     workload: WorkloadSetup
     published: list[Published] = Field(default_factory=list)
     assumptions: list[Assumption] = Field(default_factory=list)
+    reference_tier: str | None = Field(None, description="the tier the others' effects are "
+                                       "measured against (None: the GPU-only tier or a miss)")
     causes: dict[str, str] = Field(default_factory=dict, description="metric or "
                                    "metric/tier -> why the twin misses there (written after "
                                    "a run; shown in the tables)")
 
     @model_validator(mode="after")
     def _tiers_known(self) -> ExternalCase:
-        views = set(self.setup.tiers) | VIEW_TIERS
+        tiers = self.setup.tier_names()
         for p in self.published:
-            if p.tier not in views:
+            if p.tier not in tiers | VIEW_TIERS:
                 raise ValueError(f"published {p.metric} at {p.point:g}: tier {p.tier!r} is "
-                                 f"not in setup.tiers ({sorted(self.setup.tiers)})")
+                                 f"not a tier of the setup ({sorted(tiers)})")
         return self
 
     def label(self, row: Published) -> str:

@@ -213,3 +213,51 @@ def _stage_metrics(rec: pd.DataFrame, stages: list[Any]) -> dict[tuple[int, floa
             "e2e_mean_s": e2e.mean(), "e2e_p90_s": float(np.quantile(e2e, .9)),
             "throughput_tok_s": tokens / span_s}
     return out
+
+
+# ------------------------------------------------------------------ study B
+
+B6_REFERENCE: dict[str, tuple[str, str, float]] = {
+    "B6.untuned_low": ("ttft_over_mem", "ssd4", 32768),
+    "B6.untuned_high": ("ttft_over_mem", "ssd1", 32768),
+    "B6.opt_low": ("ttft_over_mem_min_over_lengths", "opt", 0),
+    "B6.opt_high": ("ttft_over_mem_max_over_lengths", "opt", 0),
+}
+"""Study B's B6 ids as (metric, tier, point): TTFT over MEM's at the longest prompt (the
+untuned drives: 4 drives the best, 1 the worst, `study_b_headlines`), and OPT's range over
+the prompt lengths."""
+B7_METRIC = "ttft_mean_over_mem"
+"""B7 as a ratio, OPT's mean TTFT over Memory's (1 + the study's percent / 100): a signed
+error of a percent difference near 0 would mean nothing."""
+
+
+def study_b_published(case: ExternalCase, case_dir: Path) -> list[Published]:
+    """B6 (the fit of study B's LMCache store costs: fitted) and B7 (predicted), from the
+    reference table."""
+    from kvrepro.studies.reference import load_reference
+    from kvrepro.studies.study_b import _qps_id
+    ref = load_reference()["value"]
+    rows = [Published(metric=m, tier=t, point=p, value=float(ref[i]), used_in_fit=True)
+            for i, (m, t, p) in B6_REFERENCE.items()]
+    rows += [Published(metric=B7_METRIC, tier="opt", point=q,
+                       value=1 + float(ref[f"B7.qps_{_qps_id(q)}"]) / 100)
+             for q in case.workload.b7_qps]
+    return rows
+
+
+PUBLISHED_FROM["study_b"] = study_b_published
+
+
+@register("study_b")
+def run_study_b(run: CaseRun) -> dict[Key, float]:
+    """B6 and B7 on study B's server with the shared constants' H100 PCIe rates."""
+    from kvrepro.studies.study_b import _qps_id, run_b6, run_b7, study_b_headlines
+    b6 = run_b6(run.server)
+    b7 = run_b7(run.server, qps_values=run.case.workload.b7_qps)
+    b6.to_csv(run.run_dir / "b6.csv", index=False)
+    b7.to_csv(run.run_dir / "b7.csv", index=False)
+    heads = study_b_headlines(b6, b7)
+    out = {key(m, t, p): heads[i] for i, (m, t, p) in B6_REFERENCE.items()}
+    for q in run.case.workload.b7_qps:
+        out[key(B7_METRIC, "opt", q)] = 1 + heads[f"B7.qps_{_qps_id(q)}"] / 100
+    return out

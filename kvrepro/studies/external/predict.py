@@ -23,7 +23,11 @@ from kvrepro.studies.external.experiments import EXPERIMENTS, PUBLISHED_FROM, Ca
 from kvrepro.studies.external.server_spec import case_server
 
 TABLE_COLUMNS = ["case", "metric", "tier", "point", "point_value", "unit", "published",
-                 "predicted", "error_pct", "label", "read_off_figure", "cause"]
+                 "predicted", "error_pct", "label", "read_off_figure", "cause",
+                 "reference_tier"]
+REFERENCE_TIERS = ("baseline", "hbm_only", "miss")
+"""Where a case names no reference tier, the first of these it has is the one offload
+tiers are compared with."""
 
 
 def published_rows(case: ExternalCase, case_dir: Path):
@@ -65,7 +69,8 @@ def predict_case(path: str | Path, run_dir: str | Path) -> pd.DataFrame:
                      "published": p.value, "predicted": value,
                      "error_pct": 100 * (value - p.value) / p.value, "label": case.label(p),
                      "read_off_figure": p.read_off_figure,
-                     "cause": _cause(case, p.metric, p.tier)})
+                     "cause": _cause(case, p.metric, p.tier),
+                     "reference_tier": case.reference_tier or ""})
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     table.to_csv(out / "external.csv", index=False)
     return table
@@ -85,13 +90,16 @@ def predict_all(run_dir: str | Path, cases: list[str] | None = None,
 
 
 def tier_effects(table: pd.DataFrame) -> pd.DataFrame:
-    """Each offload tier against the case's reference tier (GPU-only, or a miss) at every
+    """Each offload tier against the case's reference tier (`reference_tier`, else GPU-only
+    or a miss) at every
     point and metric both have: published and predicted ratio offload / reference, and
     whether the twin's effect goes the same way (lower latency, higher throughput)."""
     rows = []
     for (case, metric, point), group in table.groupby(["case", "metric", "point"], sort=False):
         by_tier = group.set_index("tier")
-        ref = next((t for t in ("baseline", "hbm_only", "miss") if t in by_tier.index), None)
+        named = group["reference_tier"].iloc[0] if "reference_tier" in group else ""
+        candidates = (named,) if isinstance(named, str) and named else REFERENCE_TIERS
+        ref = next((t for t in candidates if t in by_tier.index), None)
         if ref is None:
             continue
         for tier in by_tier.index:

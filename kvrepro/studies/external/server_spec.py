@@ -25,7 +25,7 @@ from typing import Any
 from kvrepro.calc.roofline import GpuSpec, get_gpu
 from kvrepro.studies.external.case import ExternalCase, StoreSetup, TierSetup
 from kvrepro.studies.external.constants import Constants, load_constants
-from kvrepro.tier_spec import ServerSpec
+from kvrepro.tier_spec import ServerSpec, load_server, override_server, shipped_server
 
 BYTES_PER_ACTIVATION = 2
 """BF16 hidden states in the all-reduces."""
@@ -119,8 +119,11 @@ def _tier(name: str, tier: TierSetup, case: ExternalCase, constants: Constants
 
 
 def case_server(case: ExternalCase, constants: Constants | None = None) -> ServerSpec:
-    """The case's server as a spec both engines read (the twin runs it here)."""
+    """The case's server as a spec both engines read (the twin runs it here); a case that
+    names a server spec runs that one with the constants' GPU rates."""
     constants = constants or load_constants()
+    if case.setup.server_spec is not None:
+        return _named_server(case, constants)
     setup, engine = case.setup, case.setup.engine
     model = setup.model_spec()
     spec = {
@@ -138,3 +141,12 @@ def case_server(case: ExternalCase, constants: Constants | None = None) -> Serve
                   for name, tier in setup.tiers.items()},
     }
     return ServerSpec.model_validate(spec)
+
+
+def _named_server(case: ExternalCase, constants: Constants) -> ServerSpec:
+    """The named server spec, its `twin` rates replaced by the catalogs' and constants' (its
+    engine and stores kept: what it states, and what a study's own fit set)."""
+    name = case.setup.server_spec
+    spec = (load_server(name) if name.endswith((".yaml", ".yml")) else shipped_server(name))
+    return override_server(spec, {f"twin.{k}": v
+                                  for k, v in twin_rates(case, constants).items()})
