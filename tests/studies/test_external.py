@@ -289,3 +289,16 @@ def test_tiers_and_a_server_spec_together_are_refused() -> None:
         Setup.model_validate({**base, "tiers": {"x": {"connector": "none"}}})
     with pytest.raises(ValidationError, match="either tiers or server_spec"):
         Setup.model_validate({**base, "server_spec": None})
+
+
+def test_reads_in_flight_come_from_the_deployment_else_the_adapter_release() -> None:
+    from kvrepro.studies.external.case import StoreSetup
+
+    case = _case(FS)
+    io16 = case.setup.tiers["fs_io16"].stores[0]
+    assert io16.reads_in_flight is None and io16.adapter == "fs-pr4366"
+    assert server_spec.reads_in_flight(io16, case) == 16
+    assert server_spec.reads_in_flight(case.setup.tiers["fs_io1"].stores[0], case) == 1
+    bare = StoreSetup(kind="fs", capacity_bytes=1e9, device_read_gb_s=10.0)
+    with pytest.raises(ValueError, match="reads_in_flight or an adapter"):
+        server_spec.reads_in_flight(bare, case)

@@ -55,8 +55,12 @@ class StoreSetup(_Strict):
     kind: Literal["dram", "fs"] = Field(description="dram: host memory; fs: files on a "
                                         "filesystem (LMCache's fs L2 adapter)")
     capacity_bytes: float = Field(gt=0, description="per replica")
-    reads_in_flight: int = Field(1, gt=0, description="fs: reads the adapter keeps in flight "
-                                 "(LMCache io_concurrency)")
+    adapter: str | None = Field(None, description="fs: LMCache's disk path and release, a key "
+                                "of server_spec.LMCACHE_READS_IN_FLIGHT (how many reads it "
+                                "keeps in flight, read from its source)")
+    reads_in_flight: int | None = Field(None, gt=0, description="fs: reads in flight as the "
+                                        "deployment set them (io_concurrency, num_workers); "
+                                        "None: the adapter's default")
     device_read_gb_s: float | None = Field(None, gt=0, description="fs: the filesystem's read "
                                            "rate (a datasheet or fio measurement; say which in "
                                            "the case's assumptions)")

@@ -125,7 +125,7 @@ def fit_fs_read_latency() -> tuple[float, str]:
     after another), so the point run at latency 0 gives the rest: L = (published - T(0)) x
     reads_in_flight / chunks."""
     from kvrepro.studies.external.constants import Constant
-    from kvrepro.studies.external.server_spec import LMCACHE_CHUNK_TOKENS
+    from kvrepro.studies.external.server_spec import LMCACHE_CHUNK_TOKENS, reads_in_flight
 
     src = resolve_case(FS_FIT_CASE)
     case = load_case(src)
@@ -141,9 +141,10 @@ def fit_fs_read_latency() -> tuple[float, str]:
         t0 = EXPERIMENTS[one.workload.kind](run)[key(point.metric, point.tier, point.point)]
     store = case.setup.tiers[point.tier].stores[0]
     chunks = int(point.point) // LMCACHE_CHUNK_TOKENS
-    latency = (point.value - t0) * store.reads_in_flight / chunks
+    in_flight = reads_in_flight(store, case)
+    latency = (point.value - t0) * in_flight / chunks
     how = (f"{FS_FIT_CASE}: hot TTFT {point.value:g} s at {point.point:g} tokens, "
-           f"{point.tier} ({store.reads_in_flight} read in flight): ({point.value:g} - "
+           f"{point.tier} ({in_flight} read in flight): ({point.value:g} - "
            f"{t0:.4g} s at latency 0) / {chunks} chunks")
     return latency, how
 

@@ -83,6 +83,30 @@ def _dram_store(name: str, store: StoreSetup, case: ExternalCase, constants: Con
             "read_bw_bytes_s": dma_b_s, "write_bw_bytes_s": dma_b_s}
 
 
+LMCACHE_READS_IN_FLIGHT: dict[str, tuple[int, str]] = {
+    "local_disk-0.5.0": (1, "in-process LocalDiskBackend: one job per request reads its "
+                            "chunks one after another (4-thread pool; synchronous path with "
+                            "enable_async_loading false), through a pinned CPU buffer"),
+    "fs-0.5": (1, "multi-process fs L2 adapter as released: a serial per-key loop per load "
+                  "batch, one .data file per chunk"),
+    "fs-pr4366": (16, "the fs adapter of LMCache PR 4366: io_concurrency reads of a batch at "
+                      "once, default 16"),
+    "fs_native-0.5": (4, "fs_native L2 adapter: num_workers C++ I/O threads, default 4"),
+}
+"""Reads LMCache keeps in flight per disk path and release, when a case does not set them
+(read from each release's source; a deployment's io_concurrency / num_workers overrides)."""
+
+
+def reads_in_flight(store: StoreSetup, case: ExternalCase) -> int:
+    """The store's reads in flight: as set, else its adapter's default."""
+    if store.reads_in_flight is not None:
+        return store.reads_in_flight
+    if store.adapter not in LMCACHE_READS_IN_FLIGHT:
+        raise ValueError(f"case {case.name}: an fs store needs reads_in_flight or an adapter "
+                         f"of {sorted(LMCACHE_READS_IN_FLIGHT)}")
+    return LMCACHE_READS_IN_FLIGHT[store.adapter][0]
+
+
 def _fs_store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
               ) -> dict[str, Any]:
     if store.device_read_gb_s is None:
@@ -93,7 +117,7 @@ def _fs_store(name: str, store: StoreSetup, case: ExternalCase, constants: Const
             "read_bw_bytes_s": store.device_read_gb_s * 1e9,
             "write_bw_bytes_s": store.device_read_gb_s * 1e9,
             "object_latency_s": constants.value("fs_read_latency_s"),
-            "reads_in_flight": store.reads_in_flight}
+            "reads_in_flight": reads_in_flight(store, case)}
 
 
 STORE_BUILDERS = {"dram": _dram_store, "fs": _fs_store}
