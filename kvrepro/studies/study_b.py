@@ -301,7 +301,7 @@ def b7_versus_study(b7: pd.DataFrame) -> pd.DataFrame:
     side of zero (one is 0), where a relative error means nothing."""
     ref = load_reference()["value"]
     twin = b7_differences(b7)
-    study = [float(ref.get(f"B7.qps_{_qps_id(q)}", np.nan)) for q in twin["qps"]]
+    study = [float(ref.get(f"B7.qps_{qps_id(q)}", np.nan)) for q in twin["qps"]]
     out = pd.DataFrame({"qps": twin["qps"], "study_pct": study, "twin_pct": twin["diff_pct"]})
     out["gap_pp"] = out["twin_pct"] - out["study_pct"]
     return out
@@ -398,17 +398,17 @@ def study_b_headlines(b6: pd.DataFrame, b7: pd.DataFrame | None = None,
         out.update({"B6.opt_low": float(opt.min()), "B6.opt_high": float(opt.max())})
     if b7 is not None and len(b7):
         for row in b7_differences(b7).itertuples():
-            out[f"B7.qps_{_qps_id(row.qps)}"] = float(row.diff_pct)
+            out[f"B7.qps_{qps_id(row.qps)}"] = float(row.diff_pct)
     return out
 
 
-def _qps_id(qps: float) -> str:
+def qps_id(qps: float) -> str:
     """0.1 -> "0.1" (the reference ids' spelling)."""
     return f"{np.round(qps, 6):g}"
 
 
 __all__ = ["B6_TIERS", "B7_LABELS", "B7_TIERS", "TIER_LABELS", "b6_records", "b6_summary",
            "b7_differences", "b7_scale", "b7_versus_study", "b7_workload",
-           "microbench_profile", "run_b6", "run_b7",
+           "microbench_profile", "qps_id", "run_b6", "run_b7",
            "study_b_headlines", "study_b_profile", "study_b_spec", "with_cache_capacity",
            "with_gpu_kv_tokens"]

@@ -235,12 +235,12 @@ def study_b_published(case: ExternalCase, case_dir: Path) -> list[Published]:
     """B6 (the fit of study B's LMCache store costs: fitted) and B7 (predicted), from the
     reference table."""
     from kvrepro.studies.reference import load_reference
-    from kvrepro.studies.study_b import _qps_id
+    from kvrepro.studies.study_b import qps_id
     ref = load_reference()["value"]
     rows = [Published(metric=m, tier=t, point=p, value=float(ref[i]), used_in_fit=True)
             for i, (m, t, p) in B6_REFERENCE.items()]
     rows += [Published(metric=B7_METRIC, tier="opt", point=q,
-                       value=1 + float(ref[f"B7.qps_{_qps_id(q)}"]) / 100)
+                       value=1 + float(ref[f"B7.qps_{qps_id(q)}"]) / 100)
              for q in case.workload.b7_qps]
     return rows
 
@@ -251,7 +251,7 @@ PUBLISHED_FROM["study_b"] = study_b_published
 @register("study_b")
 def run_study_b(run: CaseRun) -> dict[Key, float]:
     """B6 and B7 on study B's server with the shared constants' H100 PCIe rates."""
-    from kvrepro.studies.study_b import _qps_id, run_b6, run_b7, study_b_headlines
+    from kvrepro.studies.study_b import qps_id, run_b6, run_b7, study_b_headlines
     b6 = run_b6(run.server)
     b7 = run_b7(run.server, qps_values=run.case.workload.b7_qps)
     b6.to_csv(run.run_dir / "b6.csv", index=False)
@@ -259,5 +259,5 @@ def run_study_b(run: CaseRun) -> dict[Key, float]:
     heads = study_b_headlines(b6, b7)
     out = {key(m, t, p): heads[i] for i, (m, t, p) in B6_REFERENCE.items()}
     for q in run.case.workload.b7_qps:
-        out[key(B7_METRIC, "opt", q)] = 1 + heads[f"B7.qps_{_qps_id(q)}"] / 100
+        out[key(B7_METRIC, "opt", q)] = 1 + heads[f"B7.qps_{qps_id(q)}"] / 100
     return out
