@@ -110,12 +110,16 @@ def test_the_frozen_constants_equal_a_refit() -> None:
             constant.kind, constant.fit_case, constant.unit), name
 
 
-def test_the_frozen_fs_read_latency_equals_its_refit() -> None:
-    latency, how = predict.fit_fs_read_latency()
-    assert latency > 0
-    assert consts.load_constants().value("fs_read_latency_s") == pytest.approx(latency,
-                                                                                rel=1e-3)
-    assert how.startswith(predict.FS_FIT_CASE)
+def test_the_frozen_fs_path_constants_equal_their_refit() -> None:
+    from kvrepro.studies.external.fs_path import FS_FIT_CASE, fit_fs_path
+
+    refit = fit_fs_path()
+    assert set(refit) == {"fs_read_latency_s", "lmcache_mp_staging_gb_s"}
+    frozen = consts.load_constants()
+    for name, constant in refit.items():
+        assert constant.value > 0
+        assert frozen.value(name) == pytest.approx(constant.value, rel=1e-3), name
+        assert constant.source.startswith(FS_FIT_CASE) and constant.fit_case == FS_FIT_CASE
 
 
 def test_a_refit_on_other_measurements_would_differ_from_the_frozen_file() -> None:
@@ -153,18 +157,20 @@ def test_every_constant_has_an_allowed_kind_and_a_fitted_one_its_case() -> None:
 
 # ------------------------------------------------------------------ 5. fitted labels
 
-def test_the_fs_case_reproduces_its_fit_point_and_labels_only_it_fitted(
+def test_the_fs_case_reproduces_its_fit_points_and_labels_only_them_fitted(
         fit_case_tables) -> None:
     table = fit_case_tables[FS]
-    [point] = [p for p in _case(FS).published if p.used_in_fit]
-    fitted = table[table["label"] == "fitted"]
-    assert len(fitted) == 1
-    row = fitted.iloc[0]
-    assert (row["metric"], row["tier"], row["point_value"]) == (point.metric, point.tier,
-                                                                point.point)
-    assert row["predicted"] == pytest.approx(point.value, rel=1e-3)
-    assert abs(row["error_pct"]) < 0.1
-    assert (table["label"] == "predicted").sum() == len(table) - 1
+    points = [p for p in _case(FS).published if p.used_in_fit]
+    assert len(points) == 2
+    fitted = table[table["label"] == "fitted"].sort_values("tier")
+    assert len(fitted) == 2
+    for row, point in zip(fitted.itertuples(), sorted(points, key=lambda p: p.tier),
+                          strict=True):
+        assert (row.metric, row.tier, row.point_value) == (point.metric, point.tier,
+                                                           point.point)
+        assert row.predicted == pytest.approx(point.value, rel=1e-3)
+        assert abs(row.error_pct) < 0.1
+    assert (table["label"] == "predicted").sum() == len(table) - 2
 
 
 def test_the_probe_case_labels_every_row_fitted(fit_case_tables) -> None:

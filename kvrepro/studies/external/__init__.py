@@ -7,7 +7,10 @@ Modules:
 * `case`: a case file (data/external/<case>.yaml): its source, setup as stated, workload,
   published numbers and the assumptions where the source is silent;
 * `server_spec`: the server spec (kvrepro.tier_spec) a case's setup and the constants make;
-* `experiments`: one runner per workload kind (probe, single-request sweep, hot TTFT,
+* `experiments`: one runner per workload kind (probe, single-request sweep,
   shared-prefix fleet, study B), registered by kind;
-* `predict`: every case's predicted vs published table (`external.csv`) and tier effects.
+* `fs_path`: LMCache's filesystem L2 path (a read, then a staging copy) and the fit of its
+  two constants through the twin;
+* `predict`: every case's predicted vs published table (`external.csv`), tier effects, and
+  `refit` (every fitted constant from its fit case).
 """

@@ -116,43 +116,8 @@ def tier_effects(table: pd.DataFrame) -> pd.DataFrame:
                                        "direction_right"])
 
 
-FS_FIT_CASE = "lmcache_fs_l2_qwen3coder"
-
-
-def fit_fs_read_latency() -> tuple[float, str]:
-    """`fs_read_latency_s` from the fs case's one fit point (`used_in_fit`): the twin's hot
-    TTFT is linear in the per-read latency (n chunks read `reads_in_flight` at a time, one
-    after another), so the point run at latency 0 gives the rest: L = (published - T(0)) x
-    reads_in_flight / chunks."""
-    from kvrepro.studies.external.constants import Constant
-    from kvrepro.studies.external.server_spec import LMCACHE_CHUNK_TOKENS, reads_in_flight
-
-    src = resolve_case(FS_FIT_CASE)
-    case = load_case(src)
-    point = next(p for p in case.published if p.used_in_fit)
-    constants = load_constants()
-    constants.constants["fs_read_latency_s"] = Constant(value=0.0, unit="s", kind="fitted",
-                                                        source="", fit_case=FS_FIT_CASE)
-    one = case.model_copy(update={"workload": case.workload.model_copy(
-        update={"prompt_tokens": [int(point.point)]})})
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        run = CaseRun(one, src.parent, case_server(one, constants), constants, Path(tmp))
-        t0 = EXPERIMENTS[one.workload.kind](run)[key(point.metric, point.tier, point.point)]
-    store = case.setup.tiers[point.tier].stores[0]
-    chunks = int(point.point) // LMCACHE_CHUNK_TOKENS
-    in_flight = reads_in_flight(store, case)
-    latency = (point.value - t0) * in_flight / chunks
-    how = (f"{FS_FIT_CASE}: hot TTFT {point.value:g} s at {point.point:g} tokens, "
-           f"{point.tier} ({in_flight} read in flight): ({point.value:g} - "
-           f"{t0:.4g} s at latency 0) / {chunks} chunks")
-    return latency, how
-
-
 def refit() -> Path:
     """Refit every fitted constant from its fit case and rewrite the frozen file."""
-    from kvrepro.studies.external.constants import Constant, write_constants
-    latency, how = fit_fs_read_latency()
-    extra = {"fs_read_latency_s": Constant(value=latency, unit="s per chunk-file read",
-                                           kind="fitted", fit_case=FS_FIT_CASE, source=how)}
-    return write_constants(extra=extra)
+    from kvrepro.studies.external.constants import write_constants
+    from kvrepro.studies.external.fs_path import fit_fs_path
+    return write_constants(extra=fit_fs_path())

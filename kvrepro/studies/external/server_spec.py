@@ -15,7 +15,8 @@ times a constant.
   stores asynchronously, in 16-token blocks (its GPU block, the offload block by default).
 * LMCache's fs L2 (multi-process server): one chunk file per 256 tokens, read back "hot" with
   nothing in the L1 (the twin's tier is the fs store alone); the twin's shared_fs store reads
-  `reads_in_flight` chunks at once, each read `fs_read_latency_s`, capped by the device's rate.
+  `reads_in_flight` chunks at once, each read `fs_read_latency_s`, then stages it at
+  `lmcache_mp_staging_gb_s` in series with the device's rate (`fs_path`).
 """
 
 from __future__ import annotations
@@ -112,10 +113,12 @@ def _fs_store(name: str, store: StoreSetup, case: ExternalCase, constants: Const
     if store.device_read_gb_s is None:
         raise ValueError(f"case {case.name}: an fs store needs device_read_gb_s (a datasheet "
                          f"or fio figure)")
+    device_b_s = store.device_read_gb_s * 1e9
+    staging_b_s = constants.value("lmcache_mp_staging_gb_s") * 1e9
+    read_b_s = 1 / (1 / device_b_s + 1 / staging_b_s)  # the two stages in series (fs_path)
     return {"name": name, "kind": "shared_fs", "capacity_bytes": store.capacity_bytes,
             "path": f"/tmp/kvrepro-external/{case.name}/{name}",
-            "read_bw_bytes_s": store.device_read_gb_s * 1e9,
-            "write_bw_bytes_s": store.device_read_gb_s * 1e9,
+            "read_bw_bytes_s": read_b_s, "write_bw_bytes_s": device_b_s,
             "object_latency_s": constants.value("fs_read_latency_s"),
             "reads_in_flight": reads_in_flight(store, case)}
 
