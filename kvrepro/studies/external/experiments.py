@@ -120,13 +120,16 @@ SINGLE_GAP_S = 600.0
 """Seconds between single requests: longer than any of them, so none overlaps another."""
 
 
-def _ttfts(workload, spec: ServerSpec, tier: str, measure: bool) -> dict[int, float]:
+def _ttfts(workload, spec: ServerSpec, tier: str) -> dict[str, dict[int, float]]:
+    """TTFT by prompt length of the fill round and of the measure round."""
     result = simulate(workload, sim_profile(spec), tier, progress=False)
     rec = result.records.merge(workload.turns[["session_id", "round", "prompt_length"]],
                                on="session_id", validate="one_to_one")
-    rec = rec[rec["round"] == ("measure" if measure else "fill")]
-    rec = rec.drop_duplicates("prompt_length")  # the flush prompt repeats the longest
-    return dict(zip(rec["prompt_length"].astype(int), rec["ttft_s"], strict=True))
+    out = {}
+    for name, part in rec.groupby("round"):
+        part = part.drop_duplicates("prompt_length")  # the flush prompt repeats the longest
+        out[name] = dict(zip(part["prompt_length"].astype(int), part["ttft_s"], strict=True))
+    return out
 
 
 @register("single_request")
@@ -138,14 +141,17 @@ def run_single_request(run: CaseRun) -> dict[Key, float]:
     case, server = run.case, run.server
     work = case.workload
     out: dict[Key, float] = {}
-    gpu_only = next(n for n, t in case.setup.tiers.items() if t.connector == "none")
+    gpu_only = [n for n, t in case.setup.tiers.items() if t.connector == "none"]
+    if not gpu_only:
+        raise ValueError(f"case {case.name}: a single_request workload needs a GPU-only tier "
+                         f"(connector none) for its misses and GPU hits")
     for length in work.prompt_tokens:  # one prompt per run: nothing else in the GPU pool
         spec = MicrobenchSpec(prompt_lengths=[length], prompts_per_length=1,
                               output_tokens=work.output_tokens, gap_s=SINGLE_GAP_S,
                               round_gap_s=SINGLE_GAP_S)
-        wl = microbenchmark(spec)
-        out[key("ttft_s", "miss", length)] = _ttfts(wl, server, gpu_only, False)[length]
-        out[key("ttft_s", "gpu_hit", length)] = _ttfts(wl, server, gpu_only, True)[length]
+        ttfts = _ttfts(microbenchmark(spec), server, gpu_only[0])
+        out[key("ttft_s", "miss", length)] = ttfts["fill"][length]
+        out[key("ttft_s", "gpu_hit", length)] = ttfts["measure"][length]
     # a flush prompt as long as the longest, last in the fill round: the GPU pool (one such
     # request, plus the slack an asynchronous load needs) then holds none of the measured ones
     lengths = sorted(work.prompt_tokens)
@@ -157,7 +163,7 @@ def run_single_request(run: CaseRun) -> dict[Key, float]:
     wl = microbenchmark(spec)
     for name, tier in case.setup.tiers.items():
         if tier.connector != "none":
-            for length, ttft in _ttfts(wl, small, name, True).items():
+            for length, ttft in _ttfts(wl, small, name)["measure"].items():
                 out[key("ttft_s", name, length)] = ttft
     return out
 
