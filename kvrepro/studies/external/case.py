@@ -37,7 +37,8 @@ class Source(_Strict):
     path: str | None = None
     url: str | None = None
     commit: str | None = None
-    date: str = Field(description="when the source published them (YYYY-MM-DD)")
+    date: str = Field(description="when the source published them (YYYY-MM-DD), or why not "
+                      "known")
     quote: str = Field(description="the table or sentences the numbers are copied from")
 
 
