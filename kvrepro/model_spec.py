@@ -120,7 +120,7 @@ def kv_bytes_per_token(model: str | ModelSpec) -> int:
     return spec.kv_bytes_per_token
 
 
-def _hf_require(cfg: dict, key: str, path: Path) -> int:
+def _hf_require(cfg: dict, key: str, path: Path | str) -> int:
     if key not in cfg:
         raise ValueError(f"{path}: config.json has no {key!r}, needed for the KV size")
     value = cfg[key]
@@ -129,7 +129,7 @@ def _hf_require(cfg: dict, key: str, path: Path) -> int:
     return value
 
 
-def _hf_dtype_bytes(cfg: dict, kv_dtype: str | None, path: Path) -> int:
+def _hf_dtype_bytes(cfg: dict, kv_dtype: str | None, path: Path | str) -> int:
     dtype = kv_dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     if str(dtype).lower() not in DTYPE_BYTES:
         raise ValueError(f"{path}: unknown dtype {dtype!r} (parameter 'kv_dtype'); "
@@ -153,34 +153,66 @@ def from_hf_config(path: str | Path, kv_dtype: str | None = None,
     """Build a ModelSpec from a local Hugging Face `config.json` (file or model folder).
 
     `kv_dtype` overrides the cache precision (e.g. "fp8" when vLLM runs with an FP8 KV cache);
-    `params_b` sets the parameter count, which config.json does not state (defaults to an
-    estimate from the layer shapes, good enough for dense decoder-only models).
+    `params_b` sets the parameter count, which config.json does not state (defaults to a
+    count from the layer shapes: `from_hf_dict`).
     """
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"no config.json at {path}")
-    cfg = _read_json(path)
-    layers = _hf_require(cfg, "num_hidden_layers", path)
-    heads = _hf_require(cfg, "num_attention_heads", path)
-    hidden = _hf_require(cfg, "hidden_size", path)
+    return from_hf_dict(_read_json(path), name or path.parent.name, kv_dtype, params_b,
+                        source=str(path))
+
+
+def _hf_params_b(cfg: dict, source: str) -> tuple[float, float]:
+    """(total, active) parameters in billions counted from the layer shapes: attention, MLP
+    (or routed experts: all of them in total, `num_experts_per_tok` of them active), and the
+    embeddings and output layer. Norms and routers are left out (well under 0.1 %)."""
+    layers = _hf_require(cfg, "num_hidden_layers", source)
+    heads, hidden = cfg["num_attention_heads"], cfg["hidden_size"]
     kv_heads = cfg.get("num_key_value_heads") or heads
     head_dim = cfg.get("head_dim") or hidden // heads
-    dtype_bytes = _hf_dtype_bytes(cfg, kv_dtype, path)
-    weight_bytes = _hf_dtype_bytes(cfg, None, path)
-    if params_b is None:
-        inter = cfg.get("intermediate_size", 4 * hidden)
-        vocab = cfg.get("vocab_size", 0)
-        attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
-        per_layer = attention + 3 * hidden * inter
-        params_b = (layers * per_layer + 2 * vocab * hidden) / 1e9
+    attention = 2 * hidden * heads * head_dim + 2 * hidden * kv_heads * head_dim
+    embeddings = cfg.get("vocab_size", 0) * hidden * (1 if cfg.get("tie_word_embeddings")
+                                                      else 2)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if experts:
+        per_expert = 3 * hidden * cfg.get("moe_intermediate_size",
+                                          cfg.get("intermediate_size", 4 * hidden))
+        k = _hf_require(cfg, "num_experts_per_tok", source)
+        total = layers * (attention + experts * per_expert) + embeddings
+        active = layers * (attention + k * per_expert) + embeddings
+        return total / 1e9, active / 1e9
+    dense = layers * (attention + 3 * hidden * cfg.get("intermediate_size", 4 * hidden))
+    return (dense + embeddings) / 1e9, (dense + embeddings) / 1e9
+
+
+def from_hf_dict(cfg: dict, name: str, kv_dtype: str | None = None,
+                 params_b: float | None = None, source: str = "config.json") -> ModelSpec:
+    """A ModelSpec from the fields of a Hugging Face `config.json` already read (a case file
+    may give them inline). A MoE (`num_experts` or `num_local_experts`, with
+    `num_experts_per_tok`) gets its routed experts and its active count; `params_b` sets the
+    total (and a dense model's active) count instead of the shape count."""
+    layers = _hf_require(cfg, "num_hidden_layers", source)
+    heads = _hf_require(cfg, "num_attention_heads", source)
+    hidden = _hf_require(cfg, "hidden_size", source)
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    dtype_bytes = _hf_dtype_bytes(cfg, kv_dtype, source)
+    weight_bytes = _hf_dtype_bytes(cfg, None, source)
+    total_b, active_b = _hf_params_b(cfg, source)
+    experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if params_b is not None:
+        total_b, active_b = params_b, (active_b if experts else params_b)
     mla = "kv_lora_rank" in cfg and cfg["kv_lora_rank"]
     return ModelSpec(
-        name=name or path.parent.name, attention="mla" if mla else "gqa",
+        name=name, attention="mla" if mla else "gqa",
         num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
         hidden_size=hidden, kv_dtype_bytes=dtype_bytes,
         kv_lora_rank=cfg.get("kv_lora_rank") if mla else None,
         qk_rope_head_dim=cfg.get("qk_rope_head_dim") if mla else None,
-        params_total_b=params_b, params_active_b=params_b, weight_bytes_per_param=weight_bytes,
-        source=str(path))
+        params_total_b=total_b, params_active_b=active_b, weight_bytes_per_param=weight_bytes,
+        num_experts=experts or None,
+        experts_per_token=cfg.get("num_experts_per_tok") if experts else None,
+        source=source)

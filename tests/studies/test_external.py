@@ -308,3 +308,33 @@ def test_reads_in_flight_come_from_the_deployment_else_the_adapter_release() -> 
     bare = StoreSetup(kind="fs", capacity_bytes=1e9, device_read_gb_s=10.0)
     with pytest.raises(ValueError, match="reads_in_flight or an adapter"):
         server_spec.reads_in_flight(bare, case)
+
+
+# ------------------------------------------------------------------ 10. a model inline
+
+QWEN3_CODER_CONFIG = {  # Qwen/Qwen3-Coder-30B-A3B-Instruct config.json (its shape fields)
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 5472,
+    "moe_intermediate_size": 768, "num_attention_heads": 32, "num_experts": 128,
+    "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+    "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "decoder_sparse_step": 1, "mlp_only_layers": []}
+
+
+def test_a_case_may_give_its_model_as_an_inline_config_json(tmp_path) -> None:
+    """The H20 case with its model as config.json fields: the same KV bytes, the MoE counts
+    of the model card (30.5B total, 3.3B active) within 2 %, and predictions within 2 % of the
+    catalog entry's."""
+    tree = yaml.safe_load(shipped_cases()[H20].read_text())
+    tree["setup"]["model"] = {"hf_config": QWEN3_CODER_CONFIG}
+    path = tmp_path / f"{H20}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    inline = load_case(path)
+    spec, catalog = inline.setup.model_spec(), _case(H20).setup.model_spec()
+    assert spec.kv_bytes_per_token == catalog.kv_bytes_per_token == 98_304
+    assert (spec.num_experts, spec.experts_per_token) == (128, 8)
+    assert spec.params_total_b == pytest.approx(30.5, rel=0.02)
+    assert spec.params_active_b == pytest.approx(3.3, rel=0.02)
+    ours = predict.predict_case(path, tmp_path / "inline")
+    theirs = predict.predict_case(shipped_cases()[H20], tmp_path / "catalog")
+    assert ours["predicted"].to_numpy() == pytest.approx(theirs["predicted"].to_numpy(),
+                                                         rel=0.02)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro._checks import load_yaml_model
 from kvrepro._paths import data_dir
-from kvrepro.model_spec import ModelSpec, get_model
+from kvrepro.model_spec import ModelSpec, from_hf_dict, get_model
 
 
 class _Strict(BaseModel):
@@ -97,11 +97,23 @@ class EngineSetup(_Strict):
     max_model_len: int = Field(131072, gt=0)
 
 
+class HfModel(_Strict):
+    """A model given by the fields of its Hugging Face `config.json`, inline."""
+
+    hf_config: dict[str, Any] = Field(description="config.json as published (at least "
+                                      "num_hidden_layers, num_attention_heads, hidden_size)")
+    kv_dtype: str | None = Field(None, description="the KV cache's dtype when it is not the "
+                                 "model's (vLLM --kv-cache-dtype fp8)")
+    params_b: float | None = Field(None, gt=0, description="total parameters as the model "
+                                   "card states them (None: counted from the shapes)")
+
+
 class Setup(_Strict):
     """The serving system as stated."""
 
-    model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or "
-                                   "the model's fields inline")
+    model: str | ModelSpec | HfModel = Field(description="catalog name "
+                                             "(data/models/catalog.yaml), the catalog's fields "
+                                             "inline, or the model's config.json inline")
     hf_model: str = Field(description="the model's hub name as the source gives it")
     gpu: str = Field(description="GPU catalog name (data/hardware/gpus.csv)")
     tensor_parallel_size: int = Field(1, gt=0)
@@ -131,7 +143,13 @@ class Setup(_Strict):
         return set(spec.tiers)
 
     def model_spec(self) -> ModelSpec:
-        return get_model(self.model) if isinstance(self.model, str) else self.model
+        if isinstance(self.model, str):
+            return get_model(self.model)
+        if isinstance(self.model, HfModel):
+            return from_hf_dict(self.model.hf_config, self.hf_model, self.model.kv_dtype,
+                                self.model.params_b, source=f"config.json of {self.hf_model} "
+                                                            "(inline in the case file)")
+        return self.model
 
 
 class ProbeWorkload(_Strict):
