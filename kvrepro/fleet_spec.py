@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kvrepro._checks import load_yaml_model
 from kvrepro._paths import safe_name
-from kvrepro.tier_spec import ServerSpec, TierName, load_server
+from kvrepro.tier_spec import ServerSpec, TierName, server_named
 
 Routing = Literal["round_robin", "session_affinity", "prefix_aware"]
 ROUTINGS: tuple[str, ...] = ("round_robin", "session_affinity", "prefix_aware")
@@ -100,11 +100,7 @@ class FleetSpec(_Strict):
 
     def server_spec(self) -> ServerSpec:
         """The server spec every instance runs (a shipped name or a path)."""
-        from kvrepro.tier_spec import shipped_server
-
-        if "/" not in self.server and not self.server.endswith((".yaml", ".yml")):
-            return shipped_server(self.server)
-        return load_server(self.server)
+        return server_named(self.server)
 
 
 def load_fleet(path: str | Path) -> FleetSpec:

@@ -354,6 +354,16 @@ def with_lmcache_flag(spec: ServerSpec, flag: str, value: Any) -> ServerSpec:
                                   for name, tier in spec.tiers.items() if tier.stores})
 
 
+def is_shipped_name(text: str) -> bool:
+    """A bare name (`study_b`) means a shipped file; a path or a .yaml name means a file."""
+    return "/" not in text and not text.endswith((".yaml", ".yml"))
+
+
+def server_named(text: str) -> ServerSpec:
+    """A server spec by shipped name or by path (`is_shipped_name` tells which)."""
+    return shipped_server(text) if is_shipped_name(text) else load_server(text)
+
+
 def shipped_server(name: str) -> ServerSpec:
     """A server spec shipped in `data/servers/` (`study_a`, `study_b`, `cpu_tiny`)."""
     from kvrepro._paths import data_file

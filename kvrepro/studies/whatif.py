@@ -388,7 +388,9 @@ whatif_point.check = check_whatif_point  # type: ignore[attr-defined]
 
 def _server_parameter(server: str) -> str:
     """A shipped server's name as it is; a path made absolute (Ray workers may run elsewhere)."""
-    if "/" not in server and not server.endswith((".yaml", ".yml")):
+    from kvrepro.tier_spec import is_shipped_name
+
+    if is_shipped_name(server):
         return server
     path = Path(server)
     if not path.is_file():

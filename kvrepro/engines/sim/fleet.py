@@ -63,7 +63,7 @@ from kvrepro.engines.sim.prefix_units import Segments
 from kvrepro.engines.sim.scheduler import Scheduler
 from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import FleetSpec, PrefixAware, SharedPool, load_fleet, shipped_fleet
-from kvrepro.tier_spec import override_server
+from kvrepro.tier_spec import is_shipped_name, override_server
 from kvrepro.workload.base import Workload
 
 # ---------------------------------------------------------------------- routers
@@ -366,7 +366,7 @@ def _as_fleet(fleet: FleetSpec | str | Path) -> FleetSpec:
     if isinstance(fleet, FleetSpec):
         return fleet
     text = str(fleet)
-    if "/" not in text and not text.endswith((".yaml", ".yml")):
+    if is_shipped_name(text):
         return shipped_fleet(text)
     return load_fleet(text)
 

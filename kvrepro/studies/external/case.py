@@ -137,10 +137,8 @@ class Setup(_Strict):
         """The tiers the case runs: its own, or its server spec's."""
         if self.server_spec is None:
             return set(self.tiers)
-        from kvrepro.tier_spec import load_server, shipped_server
-        spec = (load_server(self.server_spec) if self.server_spec.endswith((".yaml", ".yml"))
-                else shipped_server(self.server_spec))
-        return set(spec.tiers)
+        from kvrepro.tier_spec import server_named
+        return set(server_named(self.server_spec).tiers)
 
     def model_spec(self) -> ModelSpec:
         if isinstance(self.model, str):

@@ -26,7 +26,7 @@ from typing import Any
 from kvrepro.calc.roofline import GpuSpec, get_gpu
 from kvrepro.studies.external.case import ExternalCase, StoreSetup, TierSetup
 from kvrepro.studies.external.constants import Constants, load_constants
-from kvrepro.tier_spec import ServerSpec, load_server, override_server, shipped_server
+from kvrepro.tier_spec import ServerSpec, override_server, server_named
 
 BYTES_PER_ACTIVATION = 2
 """BF16 hidden states in the all-reduces."""
@@ -173,7 +173,5 @@ def case_server(case: ExternalCase, constants: Constants | None = None) -> Serve
 def _named_server(case: ExternalCase, constants: Constants) -> ServerSpec:
     """The named server spec, its `twin` rates replaced by the catalogs' and constants' (its
     engine and stores kept: what it states, and what a study's own fit set)."""
-    name = case.setup.server_spec
-    spec = (load_server(name) if name.endswith((".yaml", ".yml")) else shipped_server(name))
-    return override_server(spec, {f"twin.{k}": v
+    return override_server(server_named(case.setup.server_spec), {f"twin.{k}": v
                                   for k, v in twin_rates(case, constants).items()})
