@@ -46,9 +46,9 @@ from kvrepro.stores.drives import (
     raid_write_factor,
 )
 
-__all__ = ["CAPACITY_ALIASES", "TINY_MODEL", "DriveArray", "EngineSpec", "LMCacheFlags",
-           "LiveSpec", "Placement", "ServerSpec", "StoreBase", "StoreModel", "StoreSpec",
-           "TierModel", "TierSpec", "TwinRates", "TwinSpec", "load_server",
+__all__ = ["CAPACITY_ALIASES", "TINY_MODEL", "DriveArray", "EngineSpec", "HardwareSpec",
+           "LMCacheFlags", "LiveSpec", "Placement", "ServerSpec", "StoreBase", "StoreModel",
+           "StoreSpec", "TierModel", "TierSpec", "TwinRates", "TwinSpec", "load_server",
            "normalize_raid_level", "override_server", "parse_cpu_list", "raid_data_drives",
            "raid_write_factor", "set_dotted", "shipped_server", "with_lmcache_flag"]
 
@@ -117,6 +117,35 @@ class TwinSpec(TwinRates):
     """The simulator's model of the server (read only by the simulator)."""
 
     sample_interval_s: float = Field(10.0, gt=0, description="server sample period")
+
+
+class HardwareSpec(StrictModel):
+    """The server's GPUs as stated, from which the simulator derives its twin rates and the
+    open rates of its stores (`kvrepro.calc.gpu_rates.derived_server`): the GPU catalog and
+    the shared constants, never a per-server efficiency. The TP group is
+    `live.tensor_parallel_size` GPUs."""
+
+    gpu: str = Field(min_length=1, description="a GPU of data/hardware/gpus.csv")
+    cuda_graphs: bool = Field(True, description="vLLM's CUDA graphs (false: --enforce-eager)")
+    constants_arch: str | None = Field(None, description="the architecture whose shared "
+                                       "constants stand in for the GPU's own (none measured "
+                                       "for it yet); give `constants_arch_why`")
+    constants_arch_why: str = ""
+    host_memory_gb: float | None = Field(None, gt=0, description="the host's DRAM, GB: what "
+                                         "LMCache's pinned buffers leave of it is the page "
+                                         "cache over a disk store's chunk files (not modelled "
+                                         "yet; the study's arithmetic shows it)")
+    disk_reads_in_flight: int = Field(1, gt=0, description="chunk-file reads the disk path "
+                                      "keeps in flight (a release's default, read from its "
+                                      "source); a disk store's open chunk_read_latency_s is "
+                                      "fs_read_latency_s over it")
+
+    @model_validator(mode="after")
+    def _why_given(self) -> HardwareSpec:
+        if self.constants_arch and not self.constants_arch_why.strip():
+            raise ValueError("hardware.constants_arch needs constants_arch_why (an assumption "
+                             "is declared with its reason)")
+        return self
 
 
 LMCacheMode = Literal["in_process", "multi_process"]
@@ -303,7 +332,10 @@ class ServerSpec(StrictModel):
     model: str | ModelSpec = Field(description="catalog name (data/models/catalog.yaml) or an "
                                    "inline ModelSpec mapping")
     engine: EngineSpec
-    twin: TwinSpec
+    twin: TwinSpec | None = Field(None, description="the simulator's rates as typed (fitted "
+                                  "or datasheet); give this or `hardware`")
+    hardware: HardwareSpec | None = Field(None, description="the GPUs as stated: the "
+                                          "simulator derives the twin from them")
     live: LiveSpec
     placement: Placement = Field(default_factory=Placement, description="the CPUs of every "
                                  "live process, the same for every tier")
@@ -318,7 +350,23 @@ class ServerSpec(StrictModel):
             if tier.name and tier.name != key:
                 raise ValueError(f"tiers.{key}: name {tier.name!r} differs from its key")
             tier.name = key
+        self._rates_given()
         return self
+
+    def _rates_given(self) -> None:
+        """Typed twin rates or hardware to derive them from, not both; a store's rate left
+        open (None) is derived, so only a server with hardware may leave one."""
+        if (self.twin is None) == (self.hardware is None):
+            raise ValueError("give either twin (typed rates) or hardware (rates derived from "
+                             "the GPU catalog and the shared constants), not both or neither")
+        if self.hardware is not None:
+            return
+        for key, tier in self.tiers.items():
+            for i, store in enumerate(tier.stores):
+                for field in ("read_bw_bytes_s", "write_bw_bytes_s", "chunk_read_latency_s"):
+                    if getattr(store, field) is None:
+                        raise ValueError(f"tiers.{key}.stores.{i}.{field}: needs a value (only "
+                                         f"a server with hardware derives it)")
 
     def model_spec(self) -> ModelSpec:
         """The model as a ModelSpec (catalog lookup for a name)."""

@@ -20,6 +20,7 @@ class DramStore(StoreBase):
     kind: Literal["dram"] = Field("dram", description="host memory")
     level = 0
     l1 = True
+    host_memory = True
 
     def lmcache_in_process(self) -> dict[str, Any]:
         return {"local_cpu": True, "max_local_cpu_size_gib": gib(self.capacity_bytes)}

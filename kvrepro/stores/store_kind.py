@@ -48,9 +48,14 @@ class StoreModel(StrictModel):
                            "full; simulator only); none (when full, keep what it holds and "
                            "store nothing new)")
     ttl_s: float | None = Field(None, gt=0, description="lifetime since last use (ttl only)")
-    read_bw_bytes_s: float = Field(gt=0, description="twin: load bandwidth into the engine, B/s")
-    write_bw_bytes_s: float = Field(gt=0, description="twin: store bandwidth, B/s")
-    chunk_read_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk read")
+    read_bw_bytes_s: float | None = Field(gt=0, description="twin: load bandwidth into the "
+                                          "engine, B/s (None: derived from the server's "
+                                          "hardware, the host DMA rate)")
+    write_bw_bytes_s: float | None = Field(gt=0, description="twin: store bandwidth, B/s "
+                                           "(None: the host DMA rate, as for reads)")
+    chunk_read_latency_s: float | None = Field(0.0, ge=0, description="twin: added per chunk "
+                                               "read (None: derived from the server's "
+                                               "hardware, the disk path's read latency)")
     chunk_write_latency_s: float = Field(0.0, ge=0, description="twin: added per chunk written")
     chunk_read_latency_samples_s: list[NonNegativeFloat] = Field(
         default_factory=list, description="twin: measured per-chunk read latencies (fio flash "
@@ -124,6 +129,9 @@ class StoreBase(StoreModel):
     writes overshoot until the eviction loop catches up (its fs_native disk tier)."""
     shared: ClassVar[bool] = False
     """One store for every instance of a fleet (a shared filesystem), not one each."""
+    host_memory: ClassVar[bool] = False
+    """Holds its chunks in the host's DRAM, moved to and from the GPU by pinned DMA: a
+    server with `hardware` derives its open rates from that (`kvrepro.calc.gpu_rates`)."""
 
     def where(self) -> str:
         return f"store {self.name!r} ({self.kind})"

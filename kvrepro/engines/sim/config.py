@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from kvrepro.calc.gpu_rates import derived_server
 from kvrepro.calc.roofline import GpuSpec
 from kvrepro.model_spec import ModelSpec, get_model
 from kvrepro.tier_spec import (
@@ -239,7 +240,9 @@ def sim_tier(tier: TierSpec, lmcache_mode: LMCacheMode = "in_process") -> SimTie
 
 
 def sim_profile(spec: ServerSpec) -> SimProfile:
-    """Render a server spec for the simulator (model, engine limits, twin rates, tiers)."""
+    """Render a server spec for the simulator (model, engine limits, twin rates, tiers); a
+    spec that gives its hardware gets its rates derived first (`derived_server`)."""
+    spec = derived_server(spec)
     e, w = spec.engine, spec.twin
     server = ServerProfile(model=spec.model, **w.model_dump(include=set(TwinRates.model_fields)),
                            **e.model_dump())

@@ -271,7 +271,7 @@ def forbidden_keys(tree: Any, path: str = "", names: frozenset[str] | None = Non
 
 
 def _constant_names() -> frozenset[str]:
-    from kvrepro.studies.external.constants import load_constants
+    from kvrepro.calc.gpu_rates import load_constants
     return frozenset(name.split(".")[0] for name in load_constants().constants)
 
 

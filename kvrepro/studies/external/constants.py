@@ -19,19 +19,16 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
 
-from kvrepro._checks import load_yaml_model
 from kvrepro._files import replace_files
 from kvrepro._paths import data_file
+from kvrepro.calc.gpu_rates import Constant, constants_path, load_constants
 from kvrepro.calc.roofline import GpuSpec, decode_weight_bytes, get_gpu, prefill_flops
 from kvrepro.model_spec import ModelSpec, get_model
 
-Kind = Literal["measured", "fitted", "datasheet", "estimate"]
 PROBE_MODEL = "Llama-3.1-8B-BF16"
 """The model `scripts/gpu_probe.py` builds (its config.json numbers)."""
 PREFILL_FIT_MIN_TOKENS = 2048
@@ -42,55 +39,6 @@ DECODE_FIT_MAX_BATCH = 64
 DMA_BLOCK_BYTES = 2 << 20
 """vLLM's offload block of Llama-3.1-8B, Qwen3-32B at TP 2 (2 MB, the vLLM blog's table): the
 block size the DMA rate is read at."""
-
-
-class Constant(BaseModel):
-    """One constant with where it comes from."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    value: float
-    unit: str
-    kind: Kind
-    source: str
-    fit_case: str | None = Field(None, description="the case whose numbers set it (then "
-                                                   "labelled fitted there)")
-
-
-class Constants(BaseModel):
-    """The frozen file: constant name -> Constant. Per-architecture names end in `.<arch>`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    constants: dict[str, Constant]
-
-    def value(self, name: str) -> float:
-        if name not in self.constants:
-            raise KeyError(f"twin constant {name!r} is not in data/external/constants.yaml "
-                           f"(known: {sorted(self.constants)})")
-        return self.constants[name].value
-
-    def arch_value(self, name: str, arch: str) -> float:
-        """A per-architecture constant; an architecture without one cannot be predicted."""
-        key = f"{name}.{arch}"
-        if key not in self.constants:
-            raise ValueError(f"no {name} for GPU architecture {arch!r}: no case measured or "
-                             f"fitted it (data/external/constants.yaml)")
-        return self.constants[key].value
-
-    def fit_cases(self) -> set[str]:
-        return {c.fit_case for c in self.constants.values() if c.fit_case}
-
-
-CONSTANTS_FILE = "constants.yaml"
-
-
-def constants_path() -> Path:
-    return data_file("external", CONSTANTS_FILE)
-
-
-def load_constants(path: str | Path | None = None) -> Constants:
-    return load_yaml_model(path or constants_path(), Constants, "twin constants")
 
 
 # ------------------------------------------------------------------ the fit routine

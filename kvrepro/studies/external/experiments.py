@@ -20,13 +20,13 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from kvrepro.calc.gpu_rates import Constants
 from kvrepro.engines.sim import simulate
 from kvrepro.engines.sim.config import sim_profile
 from kvrepro.engines.sim.fleet import simulate_fleet
 from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import FleetSpec
 from kvrepro.studies.external.case import ExternalCase, Published
-from kvrepro.studies.external.constants import Constants
 from kvrepro.studies.external.server_spec import case_gpu
 from kvrepro.studies.study_b import microbench_profile
 from kvrepro.tier_spec import ServerSpec

@@ -22,8 +22,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from kvrepro.calc.gpu_rates import Constant, Constants, load_constants
 from kvrepro.studies.external.case import load_case, resolve_case
-from kvrepro.studies.external.constants import Constant, Constants, load_constants
 from kvrepro.studies.external.experiments import EXPERIMENTS, CaseRun, key
 from kvrepro.studies.external.server_spec import (
     LMCACHE_CHUNK_TOKENS,

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 from tqdm.auto import tqdm
 
+from kvrepro.calc.gpu_rates import load_constants
 from kvrepro.studies.external.case import ExternalCase, load_case, resolve_case, shipped_cases
-from kvrepro.studies.external.constants import load_constants
 from kvrepro.studies.external.experiments import EXPERIMENTS, PUBLISHED_FROM, CaseRun, key
 from kvrepro.studies.external.server_spec import case_server
 

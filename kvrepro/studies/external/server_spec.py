@@ -1,18 +1,10 @@
 """The server spec (kvrepro.tier_spec.ServerSpec) of a case: its stated setup, the GPU and model
 catalogs, and the shared constants. Nothing here is per case: every rate is a catalog value
-times a constant.
+times a constant, by the rules of `kvrepro.calc.gpu_rates` (tensor parallelism, step
+overhead, pinned host DMA), which a study's server with a `hardware` block gets too.
 
-* Tensor parallelism: a TP group of n GPUs has n times one GPU's dense BF16 rate and HBM
-  bandwidth (`fp16_tflops`, `mem_bw_tb_s` of the group), and every step pays two all-reduces
-  per layer (after attention and after the MLP, Megatron-style, as vLLM runs it): a latency
-  each (`allreduce_latency_s`, in the step overhead) and the step's tokens' hidden states
-  over the GPUs' link (`tp_token_s`: a ring all-reduce moves 2 (n-1)/n of the data each way,
-  at NVLink's per-direction rate x `allreduce_link_efficiency`; PCIe when the GPU has none).
-* Step overhead: `graph_step_overhead_s` with CUDA graphs; with --enforce-eager,
-  `eager_layer_overhead_s` x layers on top (the launches a graph replay saves).
-* Offload to host memory: pinned DMA at the host link x `dma_one_way_efficiency` per GPU
-  (each GPU of a TP group moves its own shard: n links); vLLM's native connector loads and
-  stores asynchronously, in 16-token blocks (its GPU block, the offload block by default).
+* Offload to host memory: vLLM's native connector loads and stores asynchronously, in
+  16-token blocks (its GPU block, the offload block by default).
 * LMCache's fs L2 (multi-process server): one chunk file per 256 tokens, read back "hot" with
   nothing in the L1 (the twin's tier is the fs store alone); the twin's shared_fs store reads
   `reads_in_flight` chunks at once, each read `fs_read_latency_s`, then stages it at
@@ -23,13 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvrepro.calc.gpu_rates import Constants, group_rates, host_dma_bytes_s, load_constants
 from kvrepro.calc.roofline import GpuSpec, get_gpu
 from kvrepro.studies.external.case import ExternalCase, StoreSetup, TierSetup
-from kvrepro.studies.external.constants import Constants, load_constants
 from kvrepro.tier_spec import ServerSpec, override_server, server_named
 
-BYTES_PER_ACTIVATION = 2
-"""BF16 hidden states in the all-reduces."""
 LMCACHE_CHUNK_TOKENS = 256
 """LMCache's default chunk_size (MP server and in-process alike)."""
 
@@ -40,22 +30,9 @@ def case_gpu(case: ExternalCase) -> GpuSpec:
 
 def twin_rates(case: ExternalCase, constants: Constants) -> dict[str, float]:
     """The spec's `twin` block: the TP group's rates and the step's fixed and per-token cost."""
-    setup, gpu = case.setup, case_gpu(case)
-    model, tp = setup.model_spec(), setup.tensor_parallel_size
-    overhead_s = constants.value("graph_step_overhead_s")
-    if not setup.engine.cuda_graphs:
-        overhead_s += constants.value("eager_layer_overhead_s") * model.num_layers
-    tp_token_s = 0.0
-    if tp > 1:
-        overhead_s += 2 * model.num_layers * constants.value("allreduce_latency_s")
-        link_b_s = ((gpu.nvlink_gb_s / 2 if gpu.nvlink_gb_s else gpu.host_link_gb_s) * 1e9
-                    * constants.value("allreduce_link_efficiency"))
-        moved_bytes = 2 * (tp - 1) / tp * model.hidden_size * BYTES_PER_ACTIVATION
-        tp_token_s = 2 * model.num_layers * moved_bytes / link_b_s
-    return {"fp16_tflops": tp * gpu.bf16_dense_tflops, "mem_bw_tb_s": tp * gpu.mem_bw_tb_s,
-            "mfu": constants.arch_value("prefill_mfu", gpu.arch),
-            "decode_efficiency": constants.arch_value("decode_efficiency", gpu.arch),
-            "step_overhead_s": overhead_s, "tp_token_s": tp_token_s, "step_combine": "max"}
+    setup = case.setup
+    return group_rates(case_gpu(case), setup.model_spec(), setup.tensor_parallel_size,
+                       setup.engine.cuda_graphs, constants)
 
 
 def kv_cache_bytes(case: ExternalCase) -> float:
@@ -78,8 +55,7 @@ def kv_cache_bytes(case: ExternalCase) -> float:
 
 def _dram_store(name: str, store: StoreSetup, case: ExternalCase, constants: Constants
                 ) -> dict[str, Any]:
-    gpu, tp = case_gpu(case), case.setup.tensor_parallel_size
-    dma_b_s = tp * gpu.host_link_gb_s * 1e9 * constants.value("dma_one_way_efficiency")
+    dma_b_s = host_dma_bytes_s(case_gpu(case), case.setup.tensor_parallel_size, constants)
     return {"name": name, "kind": "dram", "capacity_bytes": store.capacity_bytes,
             "read_bw_bytes_s": dma_b_s, "write_bw_bytes_s": dma_b_s}
 
