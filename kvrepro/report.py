@@ -243,7 +243,9 @@ def fit_tables(run_dir: Path, headlines: pd.DataFrame) -> dict[str, list[dict[st
 
     fits = [{"id": r.id, "study": _number(r.study), "reproduced": _number(r.reproduced),
              "residual": _show(r.residual_pct, "{:+.1f} %"),
-             "within": "yes" if r.within else "NO", "plan": r.plan,
+             "within": ("yes" if r.within
+                        else "no: beyond reach of the stated facts" if r.beyond_reach
+                        else "NO"), "plan": r.plan,
              "closeness": "close" if r.within else "far"}
             for r in fitted_residuals(headlines).itertuples()]
     misses = []

@@ -9,6 +9,10 @@ point function's business), the point function that runs one twin campaign, and 
 * `targets`: the reference ids the fit is judged on, each with why; these are the only ids
   of the study labelled `fitted` (`kvrepro.studies.provenance` reads them from here), every
   other id is a prediction;
+* `fixed` (a plan's top level): the places that hold what the study states, a datasheet or
+  a release's source gives, or the shared constants derive (`server:model`,
+  `server:hardware`, `server:tiers.*.stores.*.capacity_bytes`), each with its source; a
+  parameter that sets one of them, or a place inside one, is refused when the plan is read;
 * `parameters`: the free parameters, each with the places it sets (`server:twin.mfu`,
   `campaign:workload.pause.mean_s`; one value may set several places, e.g. both offload
   tiers' load mode), the candidate values, its search `stage` and why it is free.
@@ -34,6 +38,7 @@ imported by name, so the calibration never imports the studies above it).
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import io
 import itertools
@@ -82,6 +87,10 @@ class Calibration(_Strict):
     rounds: int = Field(1, ge=1, description="passes over the stages (a later pass starts "
                         "from the earlier one's values)")
     targets: dict[str, str] = Field(min_length=1, description="fitted reference id -> why")
+    beyond_reach: dict[str, str] = Field(default_factory=dict, description="targets the "
+                                         "fixed facts keep outside the tolerance: id -> why, "
+                                         "with the study's own arithmetic (the stale-fit "
+                                         "guard checks that exactly these miss)")
     parameters: list[FreeParameter] = Field(min_length=1)
     result: dict[str, Any] = Field(default_factory=dict, description="written by calibrate")
 
@@ -97,6 +106,9 @@ class CalibrationPlan(_Strict):
                                  "the same id from other data)")
     campaign: dict[str, Any] = Field(default_factory=dict, description="the study's campaign "
                                      "(workload, client); the point function reads it")
+    fixed: dict[str, str] = Field(default_factory=dict, description="place (fnmatch pattern "
+                                  "of server:<dotted> / campaign:<dotted>) -> its source: "
+                                  "stated facts no parameter may set")
     calibration: Calibration
 
 
@@ -131,7 +143,12 @@ def _check_plan(plan: CalibrationPlan, path: Path, server: Any) -> None:
     spec or the campaign. Why before any point runs: a place that is not there fails only
     at the write-back, after the whole fit (a KeyError that loses it)."""
     trees = {"server": server, "campaign": plan.campaign}
+    stray = sorted(set(plan.calibration.beyond_reach) - set(plan.calibration.targets))
+    if stray:
+        raise ValueError(f"{path}: calibration.beyond_reach names {stray}, which are not "
+                         "calibration.targets")
     for param in plan.calibration.parameters:
+        _check_not_fixed(plan, path, param)
         unknown = sorted(set(param.fits) - set(plan.calibration.targets))
         if unknown:
             raise ValueError(f"{path}: parameter {param.name!r} fits {unknown}, which are not "
@@ -148,6 +165,27 @@ def _check_plan(plan: CalibrationPlan, path: Path, server: Any) -> None:
                 raise ValueError(f"{path}: parameter {param.name!r}: place {place!r}: "
                                  f"{owner} has no key {missing!r} (a calibration sets only "
                                  "keys that are written there)")
+
+
+def fixed_place(plan: CalibrationPlan, place: str) -> str | None:
+    """The `fixed` pattern that holds `place` (the place itself, or a place above it), or
+    None when the place is free to set."""
+    parts = place.split(".")
+    for pattern in plan.fixed:
+        if any(fnmatch.fnmatchcase(".".join(parts[:n]), pattern)
+               for n in range(1, len(parts) + 1)):
+            return pattern
+    return None
+
+
+def _check_not_fixed(plan: CalibrationPlan, path: Path, param: FreeParameter) -> None:
+    """Why: a fit that moves a stated fact (a KV dtype, a capacity, a GPU) can meet its
+    targets for the wrong reason; the plan's `fixed` list is what it may never touch."""
+    for place in param.sets:
+        pattern = fixed_place(plan, place)
+        if pattern is not None:
+            raise ValueError(f"{path}: parameter {param.name!r} sets {place!r}, a fixed "
+                             f"place ({pattern!r}: {plan.fixed[pattern]})")
 
 
 def _missing_key(tree: Any, dotted: str) -> str | None:
@@ -473,10 +511,12 @@ def _shown(path: Path) -> str:
 
 
 def fit_table(plan_path: str | Path, residuals: Mapping[str, float]) -> pd.DataFrame:
-    """id, residual_pct, within (the plan's tolerance), why: one row per fitted target."""
+    """id, residual_pct, within (the plan's tolerance), beyond_reach (declared so by the
+    plan), why: one row per fitted target."""
     plan = load_plan(plan_path)
     tol = plan.calibration.tolerance
     rows = [{"id": t, "residual_pct": 100 * residuals.get(t, math.nan),
-             "within": bool(abs(residuals.get(t, math.inf)) <= tol), "why": why}
+             "within": bool(abs(residuals.get(t, math.inf)) <= tol),
+             "beyond_reach": t in plan.calibration.beyond_reach, "why": why}
             for t, why in plan.calibration.targets.items()]
     return pd.DataFrame(rows)

@@ -18,7 +18,8 @@ from kvrepro.calibration.calibrate import load_plan, residual
 from kvrepro.studies.reference import load_reference
 from kvrepro.studies.study_a import target_for
 
-FIT_COLUMNS = ["id", "study", "reproduced", "residual_pct", "tolerance_pct", "within", "plan"]
+FIT_COLUMNS = ["id", "study", "reproduced", "residual_pct", "tolerance_pct", "within",
+               "beyond_reach", "plan"]
 
 
 def residual_rule(ref_id: str) -> str:
@@ -52,5 +53,7 @@ def fitted_residuals(headlines: pd.DataFrame) -> pd.DataFrame:
             res = residual(value, study, residual_rule(ref_id)) if len(found) else math.inf
             rows.append({"id": ref_id, "study": study, "reproduced": value,
                          "residual_pct": 100 * res, "tolerance_pct": 100 * tol,
-                         "within": bool(abs(res) <= tol), "plan": f"data/studies/{path.name}"})
+                         "within": bool(abs(res) <= tol),
+                         "beyond_reach": ref_id in plan.calibration.beyond_reach,
+                         "plan": f"data/studies/{path.name}"})
     return pd.DataFrame(rows, columns=FIT_COLUMNS)
