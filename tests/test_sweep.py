@@ -315,12 +315,12 @@ def test_a_fleet_point_goes_to_the_fleet_twin(monkeypatch):
 
 def test_point_parameters_reach_the_specs_they_name():
     setup = point_setup({"server": "study_a", "tier": "flash", "flash_gb": 2000,
-                         "server.twin.mfu": 0.31, "workload.p_returning": 0.2,
+                         "server.engine.max_num_seqs": 31, "workload.p_returning": 0.2,
                          "workload.pause": "study_a", "session_rate_per_min": 4.0,
                          "routing": "prefix_aware", "prefix_aware.cache_threshold": 0.7,
                          "bill.gpus": 2, "price.dram_usd_per_gb": 7.0, "max_in_flight": 9})
     assert setup.spec.tier("flash").stores[-1].capacity_bytes == 2000e9
-    assert setup.spec.twin.mfu == 0.31 and setup.is_fleet
+    assert setup.spec.engine.max_num_seqs == 31 and setup.is_fleet
     assert (setup.workload.p_returning, setup.workload.session_rate_per_min) == (0.2, 4.0)
     assert setup.workload.pause.model_dump(include=set(STUDY_A_PAUSE)) == STUDY_A_PAUSE
     assert setup.fleet.prefix_aware.cache_threshold == 0.7 and setup.fleet.n_servers == 1

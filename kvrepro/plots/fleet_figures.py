@@ -8,6 +8,8 @@ Inputs are the tidy tables of `kvrepro.sweep` (one row per configuration, column
 
 from __future__ import annotations
 
+import math
+
 import matplotlib.pyplot as plt
 import matplotlib.ticker as mticker
 import numpy as np
@@ -106,6 +108,15 @@ def fleet_dwpd(dwpd: pd.DataFrame, rating_dwpd: float | None = None,
     return fig
 
 
+def _two_and_five(value: float, _pos: int) -> str:
+    """A log axis's minor tick label at 2x and 5x a power of ten only: all eight of a
+    decade's labels overlap once the axis spans little more than one decade."""
+    if value <= 0:
+        return ""
+    mantissa = round(value / 10 ** math.floor(math.log10(value)))
+    return f"{value:g}" if mantissa in (2, 5) else ""
+
+
 def sweep_pareto(table: pd.DataFrame, front: pd.DataFrame, x: str = "ttft_p90_s",
                  y: str = "tok_per_usd", hue: str = "tier",
                  title: str = "Sweep: throughput per dollar vs p90 TTFT") -> plt.Figure:
@@ -120,7 +131,7 @@ def sweep_pareto(table: pd.DataFrame, front: pd.DataFrame, x: str = "ttft_p90_s"
         ax.scatter(line[x], line[y], s=170, facecolors="none", edgecolors="0.2", lw=1.5)
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(mticker.FuncFormatter(_two_and_five))
     ax.set(xlabel="p90 TTFT (s, log)", ylabel="tokens per dollar", title=title)
     ax.legend(fontsize=11)
     return fig

@@ -14,6 +14,7 @@ import pytest
 from kvrepro.cli import main
 from kvrepro.engines.live.lmcache_keys import check_lmcache_server_args, load_lmcache_config_file
 from kvrepro.engines.live.tiers import API_SERVER_MODULE
+from kvrepro.tier_spec import shipped_server
 from tests.engines.live.conftest import require_vllm
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -67,7 +68,8 @@ def test_study_a_three_tiers_pass_vllms_parser_and_lmcaches_loader(tmp_path, cap
         assert args.kv_transfer_config.kv_connector == "LMCacheConnectorV1"
         assert env == {"LMCACHE_CONFIG_FILE": str((out / tier / "lmcache.yaml").resolve())}
         config = load_lmcache_config_file(env["LMCACHE_CONFIG_FILE"])
-        assert config.chunk_size == 256 and config.enable_async_loading is True
+        flag = shipped_server("study_a").tiers[tier].lmcache.enable_async_loading
+        assert config.chunk_size == 256 and config.enable_async_loading is flag
         if tier == "dram":
             assert config.max_local_cpu_size * GIB == pytest.approx(512e9)
             assert config.local_disk is None

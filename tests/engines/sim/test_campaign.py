@@ -27,13 +27,13 @@ def test_shipped_profiles_load() -> None:
 
 def test_override_aliases_and_paths() -> None:
     base = load_server(STUDY_A)
-    bigger = override_server(base, {"dram_gb": 1024, "twin.mfu": 0.3})
+    bigger = override_server(base, {"dram_gb": 1024, "engine.max_num_seqs": 30})
     assert bigger.tiers["dram"].stores[0].capacity_bytes == 1024e9
-    assert bigger.twin.mfu == 0.3 and base.twin.mfu != 0.3  # the base spec is not changed
+    assert bigger.engine.max_num_seqs == 30 != base.engine.max_num_seqs  # base not changed
     with pytest.raises(ValueError, match="nvme_gb"):
         override_server(base, {"nvme_gb": 1})
     with pytest.raises(ValueError, match="mfuu"):
-        override_server(base, {"twin.mfuu": 1})
+        override_server(base, {"engine.mfuu": 1})
     with pytest.raises(ValueError, match="no store named 'flash'"):
         override_server(base.model_copy(update={"tiers": {"baseline": base.tiers["baseline"]}}),
                         {"flash_gb": 1})
@@ -80,8 +80,8 @@ def test_study_a_notebook_numbers(tmp_path) -> None:
     from kvrepro.studies.study_a import STUDY_A_PLAN
 
     campaign = load_plan(STUDY_A_PLAN).campaign  # the fitted workload and client cap
-    fields = {k: campaign["workload"][k] for k in ("pause", "p_returning")}
-    workload = generate_agentic(AgenticSpec(duration_s=1800.0, warmup_s=180.0, **fields))
+    fields = {**campaign["workload"], "duration_s": 1800.0, "warmup_s": 180.0}
+    workload = generate_agentic(AgenticSpec(**fields))  # the plan's fitted workload
     records, samples = simulate_campaign(workload, STUDY_A, warmup_s=180.0, progress=False,
                                          max_in_flight=campaign["max_in_flight"])
     direct = study_a_headlines(records, samples, dram_capacity_bytes=512e9,
