@@ -45,7 +45,7 @@ import itertools
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +285,9 @@ class CalibrationResult:
     wall_s: float
     points_run: int = 0
     """Points this call ran (the others were read back from the sweep folders)."""
+    effects: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    """parameter -> its value (as text) -> its `fits` targets' headlines, with the other
+    parameters at the fitted values: what each freed parameter moves (`_effects`)."""
 
 
 def _folder_key(plan_path: Path, plan: CalibrationPlan) -> str:
@@ -342,11 +345,47 @@ def calibrate(plan_path: str | Path, out_dir: str | Path | None = None, *,
                      if p.stage == stage})
         tables.append(table)
     residuals = {t: float(winner[RESIDUAL_PREFIX + t]) for t in targets}
+    effects, effect_table = _effects(plan, plan_path, best, winner, out, fn, max_parallel,
+                                     progress)
+    ran += int(effect_table.attrs.get("ran", len(effect_table)))
     result = CalibrationResult(best, residuals, pd.concat(tables, ignore_index=True),
-                               time.perf_counter() - started, ran)
+                               time.perf_counter() - started, ran, effects)
     if write:
         write_fit(plan_path, result)
     return result
+
+
+def extreme_candidates(values: list[Any]) -> list[Any]:
+    """A parameter's candidates at either end of its list (null first, when it is one)."""
+    ordered = [v for v in values if v is not None]
+    ends = [v for v in values if v is None] + ([min(ordered), max(ordered)] if ordered else [])
+    return list(dict.fromkeys(ends))
+
+
+def _effects(plan: CalibrationPlan, plan_path: Path, best: dict[str, Any], winner: Any,
+             out: Path, fn: Any, max_parallel: int | None, progress: bool
+             ) -> tuple[dict[str, dict[str, dict[str, float]]], pd.DataFrame]:
+    """Each parameter at its extreme candidates, the others at the fitted values (one more
+    sweep, `effects/`), with the winner's own headlines for the fitted value. Why recorded:
+    "what each freed parameter moves" is part of the fit, and a notebook reads it instead
+    of running the campaigns again."""
+    base = {"plan": str(plan_path), "seed": plan.calibration.seed}
+    points = [{**best, param.name: value, **base} for param in plan.calibration.parameters
+              for value in extreme_candidates(param.values) if value != best[param.name]]
+    table = run_sweep(points, out / "effects", point_fn=fn, max_parallel=max_parallel,
+                      progress=progress) if points else pd.DataFrame()
+    rows = table.to_dict("records")
+    effects: dict[str, dict[str, dict[str, float]]] = {}
+    for param in plan.calibration.parameters:
+        moved = {str(best[param.name]): {t: float(winner.get(t, math.nan)) for t in param.fits}}
+        for row in rows:
+            if _candidate(param, row[param.name]) != best[param.name] and all(
+                    _candidate(p, row[p.name]) == best[p.name]
+                    for p in plan.calibration.parameters if p is not param):
+                moved[str(_candidate(param, row[param.name]))] = {
+                    t: float(row.get(t, math.nan)) for t in param.fits}
+        effects[param.name] = moved
+    return effects, table
 
 
 def _candidate(param: FreeParameter, cell: Any) -> Any:
@@ -465,6 +504,9 @@ def _fitted_texts(plan_path: Path, plan: CalibrationPlan, result: CalibrationRes
         "seed": plan.calibration.seed,
         "values": dict(result.values),
         "residual_pct": {t: round(100 * r, 2) for t, r in result.residuals.items()},
+        "effects": {name: {value: {t: round(v, 4) for t, v in targets.items()}
+                           for value, targets in moved.items()}
+                    for name, moved in result.effects.items()},
         "points": int(len(result.points)),
         "points_run": result.points_run,
         "wall_s": round(result.wall_s, 1)}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
@@ -162,30 +161,19 @@ def stated_arithmetic(spec: ServerSpec, headlines: Mapping[str, float],
 # ------------------------------------------------------------------ what each freed parameter moves
 
 
-def free_parameter_effects(plan_path: str | Path, seed: int, run: Any,
-                           base: Mapping[str, float]) -> pd.DataFrame:
-    """Each free parameter of the plan at its lowest and highest candidate, the others at
-    their fitted values: the fitted targets it is declared to move, in the twin.
-    `run(plan_path, point, seed)` returns a campaign's headlines
-    (`study_a_fit.campaign_headlines`); `base` is the fitted point's (not run again). Tidy:
-    parameter, value, fitted (bool), target, reproduced, study."""
+def free_parameter_effects(plan_path: str | Path) -> pd.DataFrame:
+    """Each free parameter of the plan at its fitted value and its extreme candidates, the
+    others at their fitted values: the fitted targets it is declared to move, as the
+    calibration recorded them (`calibration.result.effects`, written by `kvrepro calibrate`;
+    a test reruns one to keep it from going stale). Tidy: parameter, value, fitted (bool),
+    target, reproduced, study."""
     plan = load_plan(plan_path)
     ref = load_reference()["value"]
-    fitted = plan.calibration.result.get("values", {})
-    rows = []
-    for param in plan.calibration.parameters:
-        for value in _extremes(param.values, fitted.get(param.name)):
-            is_fit = value == fitted.get(param.name)
-            headlines = base if is_fit else run(plan_path, {param.name: value}, seed)
-            rows += [{"parameter": param.name, "value": str(value),
-                      "fitted": is_fit, "target": t,
-                      "reproduced": headlines.get(t, math.nan), "study": float(ref[t])}
-                     for t in param.fits]
-    return pd.DataFrame(rows)
-
-
-def _extremes(values: list[Any], fitted: Any) -> list[Any]:
-    """The fitted value and the candidates at either end (None first when it is one)."""
-    ordered = [v for v in values if v is not None]
-    ends = [v for v in values if v is None] + ([min(ordered), max(ordered)] if ordered else [])
-    return list(dict.fromkeys([fitted, *ends]))
+    result = plan.calibration.result
+    fitted = {name: str(value) for name, value in result.get("values", {}).items()}
+    rows = [{"parameter": name, "value": value, "fitted": value == fitted.get(name),
+             "target": target, "reproduced": reproduced, "study": float(ref[target])}
+            for name, moved in result.get("effects", {}).items()
+            for value, targets in moved.items() for target, reproduced in targets.items()]
+    return pd.DataFrame(rows, columns=["parameter", "value", "fitted", "target", "reproduced",
+                                       "study"])

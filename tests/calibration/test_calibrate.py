@@ -199,7 +199,8 @@ def toy_point(point: dict) -> dict:
     x = server["twin"]["step_overhead_s"]
     bw = server["tiers"]["a"]["stores"][0]["read_bw_bytes_s"]
     wanted = 2e9 if campaign["mode"] == "fast" else 4e9
-    return {"residual_T.x": (x - 2.0) / 2.0, "residual_T.bw": (bw - wanted) / wanted * 0.1
+    return {"T.x": x, "T.bw": bw, "residual_T.x": (x - 2.0) / 2.0,
+            "residual_T.bw": (bw - wanted) / wanted * 0.1
             + (0.0 if campaign["mode"] == "fast" else 0.3)}
 
 
@@ -229,15 +230,20 @@ def test_calibrate_finds_the_minimum_stage_by_stage_and_writes_it_back(ray_sessi
     assert written.campaign["mode"] == "fast"
     assert written.calibration.result["residual_pct"] == {"T.x": 0.0, "T.bw": 0.0}
     assert written.calibration.result["points"] == 14
+    # what each parameter moves: its ends, the others at the fit (5 more campaigns)
+    assert len(list((tmp_path / "calls").iterdir())) == 14 + 5
+    assert written.calibration.result["effects"]["x"] == {
+        "2.0": {"T.x": 2.0}, "0.0": {"T.x": 0.0}, "3.0": {"T.x": 3.0}}
+    assert set(written.calibration.result["effects"]["mode"]) == {"fast", "slow"}
 
 
 def test_calibrate_resumes_and_a_second_round_starts_from_the_first(ray_session, tmp_path):
     plan = _toy_plan(tmp_path, rounds=2)
     calls = tmp_path / "calls"
     first = calibrate(plan, tmp_path / "runs", progress=False, write=False)
-    assert len(list(calls.iterdir())) == 2 * 14
+    assert len(list(calls.iterdir())) == 2 * 14 + 5  # two rounds, then the effects
     again = calibrate(plan, tmp_path / "runs", progress=False, write=False)
-    assert len(list(calls.iterdir())) == 2 * 14  # every point was already in the folders
+    assert len(list(calls.iterdir())) == 2 * 14 + 5  # every point was already there
     assert again.values == first.values == {"mode": "fast", "x": 2.0, "bw": 2e9}
     assert set(first.points["round"]) == {1, 2}
 
