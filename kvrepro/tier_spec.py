@@ -36,7 +36,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import AfterValidator, Field, model_validator
 
 from kvrepro._checks import load_yaml_model, validate_model
-from kvrepro._paths import safe_name
+from kvrepro._paths import data_dir, safe_name
 from kvrepro.model_spec import ModelSpec, get_model
 from kvrepro.stores import KINDS, StoreBase, StoreFolder, StoreModel, StoreSpec, StrictModel
 from kvrepro.stores.drives import (
@@ -226,6 +226,65 @@ class Placement(StrictModel):
         text = getattr(self, f"{role}_cpus")
         return parse_cpu_list(text) if text is not None else None
 
+    @classmethod
+    def for_instance(cls, index: int, n_cpus: int) -> Placement:
+        """Instance `index` of a pinned fleet on `n_cpus` CPUs, by one rule for every instance
+        (like with like): its engine threads on CPU `index mod n_cpus`, its API server and
+        engine core on the other CPUs (on one CPU, that one), the shared processes (LMCache
+        servers, router, load client) free on every CPU. The single server's placement
+        (engine 0, the rest on 1) is not reused: it would put every engine on CPU 0."""
+        engine = index % n_cpus
+        front = [c for c in range(n_cpus) if c != engine] or [engine]
+        every = f"0-{n_cpus - 1}" if n_cpus > 1 else "0"
+        return cls(engine_cpus=str(engine), front_cpus=",".join(map(str, front)),
+                   lmcache_cpus=every, client_cpus=every, router_cpus=every)
+
+
+HOST_CPU_ROLES = ("api_server", "engine_core", "worker", "lmcache_server", "client", "router")
+"""The processes of a live server (and fleet) whose CPU the twin's host model accounts:
+vLLM's API server, engine core (scheduler) and worker (model runner), the LMCache server,
+the load client and a fleet's router (`engines.live.placement.ProcessAccounting` names)."""
+HOST_CPU_UNITS = ("seconds", "requests", "prompt_tokens", "output_tokens", "lookup_tokens",
+                  "chunks_moved", "step_host_s")
+"""Units of a process's work its CPU demand is given per (`analysis.cpu_demand` measures
+them, `engines.sim.host_cpu` counts them in the twin): seconds up, requests, prompt and
+output tokens, tokens looked up in LMCache, LMCache chunks read or written, and seconds of
+the engine steps' host part (how the engine core and the worker split it)."""
+
+
+class HostCpuSpec(StrictModel):
+    """The host CPUs of a server, for the twin's model of the processes that share them
+    (`kvrepro.engines.sim.host_cpu`): how many, how fast against the machine the demand was
+    measured on, and the measured demand (CPU seconds per unit of work of each process)."""
+
+    cpus: int = Field(ge=1, description="the host's CPUs (an unpinned process may use all)")
+    speed: float = Field(1.0, gt=0, description="CPU speed relative to the machine the "
+                         "demand was measured on (its CPU seconds are divided by it)")
+    handoff_wait_s: float = Field(0.0, ge=0, description="how long a polling process woken "
+                                  "on a CPU another process keeps busy waits to run (the "
+                                  "kernel's slice; benchmarks/bench_handoff.py measures it)")
+    demand_csv: str = Field(description="the measured demand (role, unit, cpu_s_per_unit; "
+                            "kvrepro.calibration.fit_host writes it next to the spec it fits): "
+                            "a path relative to the spec file's folder (load_server makes it "
+                            "absolute), else to the shipped data/servers")
+
+    def demand(self) -> dict[tuple[str, str], float]:
+        """(role, unit) -> CPU seconds per unit on this host (the file's, / speed)."""
+        import csv
+
+        path = data_dir() / "servers" / self.demand_csv  # an absolute path stays itself
+        if not path.exists():
+            raise ValueError(f"host_cpu.demand_csv: {path} does not exist")
+        with path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        out = {}
+        for line, row in enumerate(rows, start=2):
+            if row.get("role") not in HOST_CPU_ROLES or row.get("unit") not in HOST_CPU_UNITS:
+                raise ValueError(f"{path}:{line}: unknown role or unit {row.get('role')!r}, "
+                                 f"{row.get('unit')!r}")
+            out[row["role"], row["unit"]] = float(row["cpu_s_per_unit"]) / self.speed
+        return out
+
 
 class LMCacheFlags(StrictModel):
     """LMCache behaviour that changes results; every default is LMCache's own default."""
@@ -339,6 +398,8 @@ class ServerSpec(StrictModel):
     live: LiveSpec
     placement: Placement = Field(default_factory=Placement, description="the CPUs of every "
                                  "live process, the same for every tier")
+    host_cpu: HostCpuSpec | None = Field(None, description="the host CPUs the serving "
+                                         "processes share, for the twin (None: not modelled)")
     tiers: dict[TierName, TierSpec] = Field(min_length=1, description="each key names the "
                                             "tier's run folder")
 
@@ -389,8 +450,19 @@ def _validate(raw: Any, source: str) -> ServerSpec:
 
 
 def load_server(path: str | Path) -> ServerSpec:
-    """Read a server spec from YAML; errors name the file and each bad key's dotted path."""
-    return load_yaml_model(path, ServerSpec, "server spec")
+    """Read a server spec from YAML; errors name the file and each bad key's dotted path. A
+    relative `host_cpu.demand_csv` is resolved against the file's folder."""
+    return demand_from(load_yaml_model(path, ServerSpec, "server spec"), Path(path).parent)
+
+
+def demand_from(spec: ServerSpec, folder: str | Path) -> ServerSpec:
+    """`spec` with a relative `host_cpu.demand_csv` made absolute against `folder` (the
+    spec file's)."""
+    if spec.host_cpu is None or Path(spec.host_cpu.demand_csv).is_absolute():
+        return spec
+    demand = str(Path(folder).resolve() / spec.host_cpu.demand_csv)
+    return spec.model_copy(update={"host_cpu": spec.host_cpu.model_copy(
+        update={"demand_csv": demand})})
 
 
 def with_lmcache_flag(spec: ServerSpec, flag: str, value: Any) -> ServerSpec:

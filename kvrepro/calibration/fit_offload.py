@@ -10,7 +10,12 @@ this module fits what an offload tier adds to them. For each offload tier of the
    minus simulated mean decode step time (on the same request) is regressed on the number
    of requests that overlapped its decode (itself included):
 
-       live ITL - twin ITL = twin_connector_step_s + twin_connector_request_s x running
+       live ITL - twin ITL = (twin_connector_step_s + twin_connector_request_s x running)
+                             x host stretch
+
+   (the host stretch: the twin's stretch of the steps' host part when the request's decode
+   began, `engines.sim.host_cpu`, which the twin applies to these costs; 1 where the host
+   is not modelled)
 
    (`TierSpec.twin_connector_step_s`, `twin_connector_request_s`; running: requests).
 2. Loads. The twin runs the run's workload on the tier as deployed (`validate.simulate_run`). Per
@@ -23,11 +28,14 @@ this module fits what an offload tier adds to them. For each offload tier of the
    prefill FLOPs / rate), is regressed on the
    bytes loaded from each store by ordinary least squares:
 
-       residual = twin_lookup_s + sum over stores of loaded_bytes / read_bw
+       residual = twin_lookup_s x stretch + sum over stores of loaded_bytes / read_bw
 
-   The intercept is the connector's per-request cost (its lookup round trip to the LMCache
-   server, which vLLM's scheduler waits for: `TierSpec.twin_lookup_s`); each slope is one
-   over a store's effective read rate into the engine (`StoreModel.read_bw_bytes_s`).
+   The first coefficient is the connector's per-request cost (its lookup round trip to the
+   LMCache server, which vLLM's scheduler waits for: `TierSpec.twin_lookup_s`) as work, the
+   twin's stretch of the LMCache server at the request's lookup (`engines.sim.host_cpu`: its
+   share of the CPUs it shares; 1 where the host is not modelled, an intercept then); the
+   front end is stretched as the twin stretched it for the request. Each slope is one over a
+   store's effective read rate into the engine (`StoreModel.read_bw_bytes_s`).
 
 Two passes: the attribution of the first uses the spec's rates, the second the fitted ones
 (loads that take longer shift the schedule a little). Writes are not fitted: LMCache's
@@ -73,7 +81,8 @@ class OffloadFit:
 
 def _step_model_s(rows: pd.DataFrame, profile: SimProfile, tier: str) -> np.ndarray:
     """TTFT the fitted step time predicts for lone requests, with their live cached count
-    (each prefill chunk a one-request step, with the tier's connector cost)."""
+    (each prefill chunk a one-request step, with the tier's connector cost; the steps' host
+    part stretched as the twin stretched it for the request, `host_stretch`)."""
     s, t = profile.server, profile.tiers[tier]
     model = s.model_spec()
     cached = rows["cached_prompt_tokens"].astype(int).to_numpy()
@@ -82,7 +91,8 @@ def _step_model_s(rows: pd.DataFrame, profile: SimProfile, tier: str) -> np.ndar
             for n, c in zip(new, cached, strict=True)]
     flops = np.array([w[0] for w in work])
     chunks = np.array([w[1] for w in work])
-    step_s = s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s
+    step_s = (s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s) \
+        * rows["host_stretch"].to_numpy(float)
     return s.front_end_latency_s + chunks * step_s + flops / (s.fp16_tflops * s.mfu * 1e12)
 
 
@@ -106,20 +116,22 @@ def connector_points(live: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
     ok = live[(live["error"].fillna("") == "") & live["first_token_s"].notna()]
     ok = ok[JOIN_KEYS + ["send_s", "first_token_s", "finish_s", "output_tokens"]].copy()
     ok["running"] = _overlapping(ok)
-    rows = ok.merge(sim[JOIN_KEYS + ["first_token_s", "finish_s"]], on=JOIN_KEYS,
-                    suffixes=("", "_sim"))
+    rows = ok.merge(sim[JOIN_KEYS + ["first_token_s", "finish_s", "host_stretch"]],
+                    on=JOIN_KEYS, suffixes=("", "_sim"))
     rows = rows[rows["output_tokens"] > MIN_DECODE_STEPS]
     steps = rows["output_tokens"] - 1
     return pd.DataFrame({"live_step_s": (rows["finish_s"] - rows["first_token_s"]) / steps,
                          "sim_step_s": (rows["finish_s_sim"] - rows["first_token_s_sim"]) / steps,
-                         "running": rows["running"].to_numpy()})
+                         "running": rows["running"].to_numpy(),
+                         "host_stretch": rows["host_stretch"].to_numpy(float)})
 
 
 def fit_connector(points: pd.DataFrame) -> tuple[float, float, float]:
     """(twin_connector_step_s, twin_connector_request_s, rms) from decode points (clipped
-    at 0)."""
+    at 0): the excess divided by the host stretch, a line in the running requests."""
+    stretch = points["host_stretch"].to_numpy(float)
     a, b, rms = line_fit(points["running"].to_numpy(float),
-                      (points["live_step_s"] - points["sim_step_s"]).to_numpy(float),
+                      (points["live_step_s"] - points["sim_step_s"]).to_numpy(float) / stretch,
                       "connector fit")
     return max(0.0, a), max(0.0, b), rms
 
@@ -134,14 +146,17 @@ def offload_points(run: Run, result: SimResult, deployed: SimProfile,
         raise ValueError(f"{run_dir}: tier {run.meta['tier']!r} has no offload stores to fit")
     live = run.records[isolated(run.records)][JOIN_KEYS + ["ttft_s", "prompt_tokens",
                                                            "cached_prompt_tokens"]]
-    sim_cols = ["cached_prompt_tokens"] + [f"loaded_tokens_{n}" for n in stores]
+    sim_cols = (["cached_prompt_tokens", "front_stretch", "lookup_stretch", "host_stretch"]
+                + [f"loaded_tokens_{n}" for n in stores])
     sim = result.records[JOIN_KEYS + sim_cols].rename(
         columns={"cached_prompt_tokens": "sim_cached_tokens"})
     rows = live.merge(sim, on=JOIN_KEYS, how="inner")
     rows = rows[rows["cached_prompt_tokens"] == rows["sim_cached_tokens"]]
     kv = deployed.server.model_spec().kv_bytes_per_token
     predicted_s = _step_model_s(rows, deployed, run.meta["tier"])
-    out = pd.DataFrame({"residual_s": rows["ttft_s"].to_numpy() - predicted_s})
+    front_s = deployed.server.front_end_latency_s * (rows["front_stretch"].to_numpy() - 1)
+    out = pd.DataFrame({"residual_s": rows["ttft_s"].to_numpy() - predicted_s - front_s,
+                        "lookup_stretch": rows["lookup_stretch"].to_numpy(float)})
     for name in stores:
         out[f"bytes_{name}"] = rows[f"loaded_tokens_{name}"].fillna(0).to_numpy() * kv
     return out, stores
@@ -149,12 +164,12 @@ def offload_points(run: Run, result: SimResult, deployed: SimProfile,
 
 def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str,
               run: str) -> OffloadFit:
-    """Least squares of the residual on [1, bytes per store]; a store without loads among
-    the points keeps no fitted rate (listed in `notes`)."""
+    """Least squares of the residual on [lookup stretch, bytes per store]; a store without
+    loads among the points keeps no fitted rate (listed in `notes`)."""
     used = [n for n in stores if (points[f"bytes_{n}"] > 0).sum() >= 3]
     if len(points) < 3 + len(used):
         raise ValueError(f"{run} {tier}: only {len(points)} lone requests to fit")
-    design = np.column_stack([np.ones(len(points))]
+    design = np.column_stack([points["lookup_stretch"].to_numpy(float)]
                              + [points[f"bytes_{n}"].to_numpy(float) for n in used])
     y = points["residual_s"].to_numpy(float)
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)

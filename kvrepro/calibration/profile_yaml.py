@@ -37,12 +37,20 @@ import yaml
 from kvrepro._checks import load_yaml, validate_model
 from kvrepro._paths import data_file
 from kvrepro.calibration.fit import FitResult, fit_live_campaign, tier_folders
+from kvrepro.calibration.fit_host import demand_path, measured_host_cpu
 from kvrepro.calibration.fit_offload import OffloadFit, fit_offload_tier
 from kvrepro.calibration.validate import FITTED_PARAMETERS
 from kvrepro.engines.live.tiers import read_tier_config
 from kvrepro.engines.sim.config import SimProfile, load_profile, sim_profile
 from kvrepro.records import read_run
-from kvrepro.tier_spec import EngineSpec, Placement, ServerSpec, TierSpec
+from kvrepro.tier_spec import (
+    EngineSpec,
+    HostCpuSpec,
+    Placement,
+    ServerSpec,
+    TierSpec,
+    demand_from,
+)
 
 LIVE_DEFAULTS = {"model": "kvrepro:tiny", "served_model_name": "tiny", "port": 8411,
                  "dtype": "bfloat16", "startup_timeout_s": 300, "lmcache_mode": "multi_process",
@@ -56,6 +64,10 @@ server, the load client, a router) on CPU 1; a campaign's own placement (meta.js
 since the rates fitted on it hold for it."""
 PLACEMENT_NOTE = ("CPUs of every live process, the same for every tier (kvrepro.tier_spec."
                   "Placement): the placement the fit run was recorded with")
+HOST_CPU_NOTE = ("the host CPUs the processes share (kvrepro.engines.sim.host_cpu): the fit "
+                 "machine's CPUs; MEASURED (kvrepro.calibration.fit_host): the demand on the "
+                 "fit runs' process accounting and sampled stacks (notebook 06), the handoff "
+                 "wait by benchmarks/bench_handoff.py")
 FIT_START_READ_BW = {"dram": 3.0e8, "flash": 1.5e8}
 """Where the offload fit starts each store's read rate, by store kind (LMCACHE_CPU.md's
 single-prompt timings): its first pass attributes loads with these rates, the second with
@@ -310,6 +322,11 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     return text.splitlines()
 
 
+def _host_cpu_data(host: HostCpuSpec) -> dict[str, Any]:
+    """The spec's host_cpu: its demand table by name, next to the spec (`demand_path`)."""
+    return {**host.model_dump(), "demand_csv": Path(host.demand_csv).name}
+
+
 def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str, Any]:
     """The spec's model, engine, twin and live sections of a fitted profile, each number
     rounded as the spec states it (fitted rates to 4 digits, byte counts whole)."""
@@ -326,7 +343,9 @@ def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str,
             "step_combine": s.step_combine, "sample_interval_s": _g(profile.sample_interval_s)}
     return {"description": profile.description, "model": model, "engine": engine,
             "twin": twin, "live": dict(LIVE_DEFAULTS),
-            "placement": {k: v for k, v in placement.items() if v is not None}, "tiers": {}}
+            "placement": {k: v for k, v in placement.items() if v is not None},
+            **({"host_cpu": _host_cpu_data(profile.host_cpu)} if profile.host_cpu else {}),
+            "tiers": {}}
 
 
 def _add_baselines(text: SpecText, tier_kv_bytes: Mapping[str, float],
@@ -444,6 +463,7 @@ def spec_text(fit: FitResult, profile: SimProfile, fit_runs: Iterable[str] = (),
     fit_runs = list(fit_runs)
     text = SpecText(_server_data(profile, profile.placement.model_dump()))
     text.above["placement"] = [PLACEMENT_NOTE]
+    text.above["host_cpu"] = [HOST_CPU_NOTE]
     text.header = _header(fit, profile, text.data, fit_runs, tiers)
     text.after.update({f"engine.{k}": v for k, v in ENGINE_NOTES.items()})
     text.after.update({f"twin.{k}": v for k, v in TWIN_NOTES.items()})
@@ -487,10 +507,10 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
     out = Path(path)
     text = spec_text(fit, profile, fit_runs, tier_kv_bytes, offload_fits, lmcache_tiers,
                      stated_spec)
-    spec = text.spec(f"fitted spec for {out}")
+    spec = demand_from(text.spec(f"fitted spec for {out}"), out.parent)
     yaml_text = text.yaml_text()
-    if validate_model(load_yaml(yaml_text, str(out)), ServerSpec, "server spec",
-                      str(out)).model_dump() != spec.model_dump():
+    if demand_from(validate_model(load_yaml(yaml_text, str(out)), ServerSpec, "server spec",
+                                  str(out)), out.parent).model_dump() != spec.model_dump():
         raise RuntimeError(f"{out}: the YAML text does not read back as the fitted spec")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml_text)
@@ -524,14 +544,18 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     recorded = (read_run(root / baselines[0]).meta.get("placement") or {}).get("spec")
     profile = profile.model_copy(update={
         "server": profile.server.model_copy(update={"step_combine": CPU_STEP_COMBINE}),
-        "placement": Placement.model_validate(recorded or PLACEMENT)})
+        "placement": Placement.model_validate(recorded or PLACEMENT),
+        "host_cpu": None})
+    profile = profile.model_copy(update={"host_cpu": measured_host_cpu(
+        root, baselines[0], profile, demand_path(out))})
     kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
           for n in baselines}
     kv = dict(sorted({**kv, **stated_baselines(stated, baselines)}.items(),
                      key=lambda item: item[1]))
     runs = [f"{root} (tiers {', '.join(baselines)})"]
     start = spec_text(fit, profile, runs, kv, lmcache_tiers=True, stated_spec=_fit_start(stated))
-    profile, fits = sim_profile(start.spec(f"unfitted spec for {out}")), {}
+    profile, fits = sim_profile(demand_from(start.spec(f"unfitted spec for {out}"),
+                                            out.parent)), {}
     for tier in offload_tiers:
         fits[tier], profile = fit_offload_tier(root / tier, profile)
     path = write_profile_yaml(fit, profile, out, runs, kv, fits, lmcache_tiers=True,

@@ -11,6 +11,7 @@ import pytest
 
 from kvrepro._paths import data_dir, data_file
 from kvrepro.calibration import profile_yaml, validate
+from kvrepro.calibration.fit_host import demand_path
 from kvrepro.engines.sim import load_profile
 
 SHIPPED = data_file("servers", "cpu_tiny.yaml")
@@ -44,10 +45,13 @@ def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
     root = data_dir().parent
     monkeypatch.chdir(root)
     run = FIT_RUN.relative_to(root)
-    fresh = tmp_path / "fresh.yaml"  # no spec there: the shipped one is the stated one
+    fresh = tmp_path / SHIPPED.name  # no spec there: the shipped one is the stated one
     profile_yaml.main([str(run), str(fresh)])
     assert fresh.read_bytes() == SHIPPED.read_bytes()
-    again = tmp_path / "again.yaml"  # regenerated in place: its own stated values
+    demand = demand_path(SHIPPED)  # the measured demand next to it, the same too
+    assert (tmp_path / demand.name).read_bytes() == demand.read_bytes()
+    again = tmp_path / "again" / SHIPPED.name  # regenerated in place: its own stated values
+    again.parent.mkdir()
     shutil.copyfile(SHIPPED, again)
     profile_yaml.fit_and_write(run, again)
     assert again.read_bytes() == SHIPPED.read_bytes()
@@ -58,7 +62,8 @@ def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> 
     profile_yaml.fit_and_write(FIT_RUN, path)  # regenerated into the edited spec
     text = path.read_text()
     assert _stores(path) == {"staging": (52428800, 2.5e8),
-                             "flash": (2 * 2**30, pytest.approx(1.238e8, rel=0.05))}
+                             "flash": (2 * 2**30, pytest.approx(_stores(SHIPPED)["flash"][1],
+                                                                rel=0.05))}
     assert "capacity_bytes: 2147483648  # 2 GiB = 8,192 chunks" in text
     assert "4 GiB" not in text  # the comments say the stated size too
     assert "read_bw_bytes_s: 2.5e+08  # estimate" in text

@@ -38,6 +38,7 @@ import os
 import sys
 import zlib
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,7 +62,7 @@ from kvrepro.engines.live.ownership import (
     store_folder_owner,
 )
 from kvrepro.engines.live.pins import requirement
-from kvrepro.engines.live.placement import pinned_client
+from kvrepro.engines.live.placement import ProcessAccounting, pinned_client
 from kvrepro.engines.live.processes import (
     ManagedProcess,
     ServerError,
@@ -113,25 +114,12 @@ def _private_folders(tier: TierConfig, index: int) -> TierConfig:
                                     for f in tier.folders if not f.shared})
 
 
-def instance_placement(index: int, n_cpus: int) -> Placement:
-    """Instance `index`'s CPUs, by one rule for every instance (like with like): its engine
-    threads on CPU `index mod n_cpus`, its API server and engine core on the other CPUs (on
-    one CPU, that one), and the shared processes (LMCache servers, router, load client) free
-    on every CPU. The single server's placement (engine 0, the rest on 1) is not reused: it
-    would put every instance's engine on CPU 0."""
-    engine = index % n_cpus
-    front = [c for c in range(n_cpus) if c != engine] or [engine]
-    every = f"0-{n_cpus - 1}" if n_cpus > 1 else "0"
-    return Placement(engine_cpus=str(engine), front_cpus=",".join(map(str, front)),
-                     lmcache_cpus=every, client_cpus=every, router_cpus=every)
-
-
 def fleet_placement(fleet: FleetSpec, index: int, pin_cpus: bool) -> Placement:
-    """Instance `index`'s placement (`instance_placement`); without `pin_cpus`, none at all
+    """Instance `index`'s placement (`Placement.for_instance`); without `pin_cpus`, none at all
     (vLLM's and the OS's choice, what a GPU fleet does)."""
     if not pin_cpus:
         return Placement()
-    return instance_placement(index, os.cpu_count() or 1)
+    return Placement.for_instance(index, os.cpu_count() or 1)
 
 
 def fleet_tiers(fleet: FleetSpec, pool: TierConfig | None = None,
@@ -479,6 +467,20 @@ class FleetDeployment(StartedOnEnter):
                         self.pool.stop()
                         self.cleaned["pool"] = self.pool.cleaned
 
+    def process_roles(self, instance: int) -> dict[int, str]:
+        """pid -> role of the processes whose CPU the sampler of `instance` accounts: an
+        instance's own (vLLM's API server, engine core, worker, a private LMCache server);
+        for the shared target (POOL_INSTANCE, or instance 0 without a shared pool) also the
+        router, the shared LMCache server and this load client."""
+        roles = dict(self.instances[instance].roles()) if instance >= 0 else {}
+        if instance == (POOL_INSTANCE if self.pool is not None else 0):
+            if self.router is not None:
+                roles.update(dict.fromkeys(self.router.pids, "router"))
+            if self.pool is not None and self.pool.process is not None:
+                roles.update(dict.fromkeys(self.pool.process.pids, "lmcache_server"))
+            roles[os.getpid()] = "client"
+        return roles
+
     def scrape_targets(self) -> list[tuple[int, str, list[str]]]:
         """(instance, URL, extra URLs) of each `/metrics` sampler: each instance (with its
         private LMCache server), and the shared pool as instance -1."""
@@ -581,9 +583,10 @@ async def _drive_fleet(deployment: FleetDeployment, workload: Workload, records:
     """Replay the workload with a watchdog over every process and one sampler per target."""
     clock, stop = RealClock(), asyncio.Event()
     watchdog = asyncio.create_task(watch_alive(deployment, stop))
-    samplers = [asyncio.create_task(sample_metrics(url, InstanceSamples(records.writer, i),
-                                                   clock, interval_s, stop, extra_urls=extra))
-                for i, url, extra in deployment.scrape_targets()]
+    samplers = [asyncio.create_task(sample_metrics(
+        url, InstanceSamples(records.writer, i), clock, interval_s, stop, extra_urls=extra,
+        extra_values=ProcessAccounting(partial(deployment.process_roles, i)).sample))
+        for i, url, extra in deployment.scrape_targets()]
     try:
         stats = await _workload_through(deployment, workload, records, config, clock, stop)
     finally:

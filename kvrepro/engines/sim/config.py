@@ -45,6 +45,7 @@ from kvrepro.calc.roofline import GpuSpec
 from kvrepro.model_spec import ModelSpec, get_model
 from kvrepro.tier_spec import (
     EngineSpec,
+    HostCpuSpec,
     LMCacheMode,
     Placement,
     ServerSpec,
@@ -190,6 +191,11 @@ class SimProfile(BaseModel):
     placement: Placement = Field(default_factory=Placement, description="the live server's "
                                  "CPUs: the twin's rates hold for the placement they were "
                                  "fitted on, and a live run is compared only on it")
+    host_cpu: HostCpuSpec | None = Field(None, description="the host CPUs the processes "
+                                         "share (kvrepro.engines.sim.host_cpu); None: not "
+                                         "modelled")
+    forward_on_cpu: bool = Field(False, description="the model's forward pass runs on the "
+                                 "worker's CPUs (the spec's live.device cpu), not on GPUs")
 
     @model_validator(mode="after")
     def _tier_names(self) -> SimProfile:
@@ -249,7 +255,8 @@ def sim_profile(spec: ServerSpec) -> SimProfile:
     return SimProfile(description=spec.description, server=server,
                       tiers={name: sim_tier(t, spec.live.lmcache_mode)
                              for name, t in spec.tiers.items()},
-                      sample_interval_s=w.sample_interval_s, placement=spec.placement)
+                      sample_interval_s=w.sample_interval_s, placement=spec.placement,
+                      host_cpu=spec.host_cpu, forward_on_cpu=spec.live.device == "cpu")
 
 
 _OLD_SERVER_KEYS = {"gpu_kv_bytes": "kv_cache_bytes",

@@ -71,6 +71,7 @@ class DecodeRun:
         self.by_residue = [0] * sched.block_tokens
         self.changed = self.ended = False  # ended: the step `step` has ended, none planned
         self.steps_planned = self.tokens_generated = 0
+        self.busy_s = 0.0  # the planned steps' durations (host_cpu's accounting)
         self._set_batch()
 
     def _set_batch(self) -> None:
@@ -79,7 +80,9 @@ class DecodeRun:
         self.batch = batch = len(sched.running)
         self.budget = sched.max_num_batched_tokens - batch
         self.decode_step_s = sched.timer.decode_step_fn(batch) if batch else None
-        self.connector_s, self.request_s = sched.connector_s[0], sched.connector_s[1] * batch
+        host = sched.timer.host_stretch
+        self.connector_s = sched.connector_s[0] * host
+        self.request_s = sched.connector_s[1] * batch * host
         self._set_head()
 
     def _set_head(self) -> None:
@@ -115,6 +118,7 @@ class DecodeRun:
         next_finish = (self.finishes[self.next_finish][0]
                        if self.next_finish < len(self.finishes) else -1)
         tokens = planned = 0
+        busy_s = 0.0
         outcome: Outcome = "in_progress"
         while True:
             if ended:  # plan step `nxt` at end_s, as the scheduler would
@@ -134,6 +138,7 @@ class DecodeRun:
                 planned += 1
                 # = Scheduler._duration_s([], kv, 0.0, batch, batch): the same float operations
                 duration_s = decode_step_s(c0_sum + batch * nxt) + connector_s + request_s
+                busy_s += duration_s
                 start_s, end_s, step, ended = end_s, end_s + duration_s, nxt, False
             if resume:
                 resume = False  # its end was the event being handled
@@ -148,6 +153,7 @@ class DecodeRun:
         self.grow_added, self.ended = added, ended
         self.tokens_generated += tokens
         self.steps_planned += planned
+        self.busy_s += busy_s
         self.changed = self.changed or planned > 0
         if outcome == "completed":
             return outcome, self._finish()
@@ -236,5 +242,6 @@ class DecodeRun:
         blocks are allocated as steps are planned, and no store is written)."""
         counters = self.sched.counters
         counters.generation_tokens += self.tokens_generated
-        counters.steps += self.steps_planned
+        self.sched._count_step(self.busy_s, self.batch, self.steps_planned)
         self.tokens_generated = self.steps_planned = 0
+        self.busy_s = 0.0

@@ -41,11 +41,12 @@ from kvrepro.engines.sim.events import (
     StepEnd,
     TurnArrival,
 )
+from kvrepro.engines.sim.host_cpu import HostCpu
 from kvrepro.engines.sim.outputs import OutputSink, sample_row
 from kvrepro.engines.sim.prefix_units import BlockIdentity, unit_ranges
 from kvrepro.engines.sim.scheduler import Scheduler, StepPlan
 from kvrepro.engines.sim.steptime import StepTimer
-from kvrepro.tier_spec import ServerSpec
+from kvrepro.tier_spec import Placement, ServerSpec
 from kvrepro.workload.base import Workload
 
 ENGINE = "sim"
@@ -91,6 +92,24 @@ class Engine:
         self.now_s = 0.0
         self.counts = {"arrived": 0, "finished": 0, "failed": 0, "turns_not_sent": 0}
         self._next_rid = 0
+        self.host = self._make_host(profile, tier)
+        self._host_seen: dict[tuple[int, str], float] = {}
+
+    def _make_host(self, profile: SimProfile, tier: SimTier) -> HostCpu | None:
+        """The host CPUs the processes share (None: not modelled): the spec's placement."""
+        if profile.host_cpu is None:
+            return None
+        return HostCpu(profile.host_cpu, self._host_placements(profile),
+                       forward_on_cpu=profile.forward_on_cpu, has_lmcache=bool(tier.stores),
+                       **self._host_sharing())
+
+    def _host_placements(self, profile: SimProfile) -> list[Placement]:
+        """Each server's placement: the spec's (a fleet: `Placement.for_instance`)."""
+        return [profile.placement]
+
+    def _host_sharing(self) -> dict[str, bool]:
+        """Whether the servers share one LMCache server, and whether a router runs."""
+        return {"shared_lmcache": True, "router": False}
 
     def _make_schedulers(self, server: ServerProfile, tier: SimTier) -> list[Scheduler]:
         """The servers this engine runs: one."""
@@ -231,6 +250,9 @@ class Engine:
             self._release_slot()
             self._left(req)
             return
+        if self.host is not None:
+            self.host.work(instance, "requests", 1)
+            req.front_stretch = self.host.stretch("api_server", instance)
         # a suspended run goes on: it tries a new head of the queue at its next step
         self.schedulers[instance].waiting.append(req)
         self._wake(instance)
@@ -316,6 +338,7 @@ class Engine:
         for run in self.runs:  # a sample reads the counters; the runs go on
             if run is not None:
                 run.flush_counters()
+        self._roll_host()
         for row in self._sample_rows():
             self.sink.add_sample(row)
         if self.queue or any(plan is not None for plan in self.plans):
@@ -337,10 +360,42 @@ class Engine:
         """The server samples taken now: one row (a fleet: one per server)."""
         return [sample_row(self.now_s, self.scheduler)]
 
+    def _roll_host(self) -> None:
+        """At a sample: the work each server did since the last one, to the host's
+        processes; then every server's stretches for the next interval (`host_cpu`)."""
+        host = self.host
+        if host is None:
+            return
+        pools: set[int] = set()
+        for i, sched in enumerate(self.schedulers):
+            c, off = sched.counters, sched.offload
+            work = {"prompt_tokens": c.prompt_tokens, "output_tokens": c.generation_tokens,
+                    "lookup_tokens": c.external_queries_tokens}
+            if off is not None and id(off) not in pools:
+                pools.add(id(off))
+                work["chunks_moved"] = (sum(off.bytes_read) + sum(off.bytes_written)) \
+                    / off.chunk_bytes
+            for unit, total in work.items():
+                host.work(i, unit, total - self._host_seen.get((i, unit), 0.0))
+                self._host_seen[i, unit] = total
+            spent = {"host": c.host_part_cpu_s, "forward": c.forward_cpu_s}
+            host.steps(i, *(total - self._host_seen.get((i, part), 0.0)
+                            for part, total in spent.items()))
+            self._host_seen.update({(i, part): total for part, total in spent.items()})
+        host.roll(self.now_s)
+        for i, sched in enumerate(self.schedulers):
+            forward = host.stretch("worker", i) if host.forward_on_cpu else 1.0
+            stretches = (forward, host.host_stretch(i), host.handoff_s(i))
+            if stretches != sched.timer.stretches():
+                self._settle(i)  # the steps planned from now on take the new stretches
+                sched.timer.set_stretch(*stretches)
+            sched.lookup_stretch = host.stretch("lmcache_server", i)
+
     def _front_end(self, req: Request) -> float:
         """The API server's time on a request, on top of the engine's (a constant, and the
-        per-token work of a prompt sent as text)."""
-        return self.front_end_s + self.front_end_per_token_s * req.prompt_tokens
+        per-token work of a prompt sent as text), stretched by its share of its CPUs."""
+        return (self.front_end_s + self.front_end_per_token_s * req.prompt_tokens) \
+            * req.front_stretch
 
     def _record(self, req: Request, error: str = "") -> dict[str, Any]:
         cached = max(req.cached_prompt_tokens, 0)
@@ -357,7 +412,9 @@ class Engine:
         for key, tokens in zip(self.loaded_keys, req.loaded_tokens, strict=True):
             record[key] = tokens
         record.update(recomputed_tokens=req.recomputed_tokens, load_s=req.load_s,
-                      queue_s=req.admitted_s - req.send_s, preemptions=req.preemptions)
+                      queue_s=req.admitted_s - req.send_s, preemptions=req.preemptions,
+                      front_stretch=req.front_stretch, lookup_stretch=req.lookup_stretch,
+                      host_stretch=req.host_stretch)
         return record
 
     def stats(self) -> dict[str, Any]:
@@ -376,6 +433,8 @@ class Engine:
                                "gpu_capacity_blocks": sched.gpu.capacity_blocks,
                                "gpu_evicted_blocks": sched.gpu.evicted_blocks}
         out.update({k: getattr(sched.counters, k) for k in sched.counters.__slots__})
+        for key in ("forward_cpu_s", "host_part_cpu_s"):  # sums in step or run order
+            out[key] = round(out[key], 6)
         if sched.offload is not None:
             for store in sched.offload.stores:
                 out[f"{store.name}_first_eviction_s"] = store.first_eviction_s

@@ -64,6 +64,9 @@ class Request:
     loaded_tokens: list[int] = field(default_factory=list)
     recomputed_tokens: int = 0
     load_s: float = 0.0
+    front_stretch: float = 1.0  # the API server's (host_cpu) when it arrived
+    lookup_stretch: float = 1.0  # the LMCache server's (host_cpu) at its lookup
+    host_stretch: float = 1.0  # the steps' host part's (host_cpu) at its first token
     lookup_ready_s: float = math.nan
     lookup_round: int = 0
     preemptions: int = 0

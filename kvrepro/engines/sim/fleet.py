@@ -63,7 +63,7 @@ from kvrepro.engines.sim.prefix_units import Segments
 from kvrepro.engines.sim.scheduler import Scheduler
 from kvrepro.engines.sim.steptime import StepTimer
 from kvrepro.fleet_spec import FleetSpec, PrefixAware, SharedPool, load_fleet, shipped_fleet
-from kvrepro.tier_spec import is_shipped_name, override_server
+from kvrepro.tier_spec import Placement, is_shipped_name, override_server
 from kvrepro.workload.base import Workload
 
 # ---------------------------------------------------------------------- routers
@@ -285,6 +285,17 @@ class FleetEngine(Engine):
         return [Scheduler(server, tier, StepTimer(server), instance=i,
                           offload=OffloadHierarchy(tier, kv_bytes, shared_stores=shared))
                 for i in range(self.fleet.n_servers)]
+
+    def _host_placements(self, profile: SimProfile) -> list[Placement]:
+        """Each instance's CPUs as the live fleet pins them (`Placement.for_instance` on the
+        host's CPUs) when the server's placement is pinned; unpinned otherwise."""
+        n, host = self.fleet.n_servers, profile.host_cpu
+        if profile.placement.engine_cpus is None or host is None:
+            return [Placement()] * n
+        return [Placement.for_instance(i, host.cpus) for i in range(n)]
+
+    def _host_sharing(self) -> dict[str, bool]:
+        return {"shared_lmcache": self.fleet.kv_pool == "shared", "router": True}
 
     def _may_run(self, end_s: float) -> bool:
         """Always: the next event is mostly another server's step end, which leaves this

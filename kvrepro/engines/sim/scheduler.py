@@ -125,6 +125,10 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     steps: int = 0
+    forward_cpu_s: float = 0.0
+    """CPU seconds of the steps' forward passes (`host_cpu`: the worker's work)."""
+    host_part_cpu_s: float = 0.0
+    """CPU seconds of the steps' host parts (`host_cpu`: the engine core's and worker's)."""
 
 
 def _load_seq(req: Request) -> int:
@@ -161,6 +165,7 @@ class Scheduler:
         self.lookup_async = tier.lookup_async and bool(tier.stores)
         self.connector_s = ((tier.twin_connector_step_s, tier.twin_connector_request_s)
                             if tier.stores else (0.0, 0.0))
+        self.lookup_stretch = 1.0  # the LMCache server's on the host CPUs (host_cpu)
         self.save_decode_cache = tier.lmcache.save_decode_cache
         # LMCache's multi-process connector loads nothing for a preempted request
         # (`LMCacheMPConnector.get_num_new_matched_tokens`: 0 for RequestStatus.PREEMPTED):
@@ -205,11 +210,27 @@ class Scheduler:
             # (`kv_connector_no_forward`)
             self._start_loads(now_s)
             return None
-        plan.duration_s = self._duration_s(plan.prefill_chunks, plan.kv_tokens,
-                                           plan.load_wait_s + plan.lookup_wait_s,
+        wait_s = plan.load_wait_s + plan.lookup_wait_s
+        plan.duration_s = self._duration_s(plan.prefill_chunks, plan.kv_tokens, wait_s,
                                            sum(plan.tokens), len(plan.requests))
-        self.counters.steps += 1
+        self._count_step(plan.duration_s - wait_s, len(plan.requests), 1)
         return plan
+
+    def host_step_s(self, n_requests: int) -> float:
+        """A step's host part as CPU work (the engine core's): the timer's and the
+        connector's."""
+        step_s, request_s = self.connector_s
+        return self.timer.host_part_s(False) + step_s + request_s * n_requests
+
+    def _count_step(self, busy_s: float, n_requests: int, steps: int) -> None:
+        """Count `steps` steps of `n_requests` requests that took `busy_s` in all: their host
+        parts' CPU work and their forward passes' (the rest, unstretched)."""
+        c, timer = self.counters, self.timer
+        core_s = self.host_step_s(n_requests) * steps
+        c.steps += steps
+        c.host_part_cpu_s += core_s
+        c.forward_cpu_s += max(0.0, busy_s - core_s * timer.host_stretch
+                               - timer.handoff_s * steps) / timer.forward_stretch
 
     def _start_loads(self, now_s: float) -> None:
         """Issue the asynchronous loads admitted in the step that ends (or, empty, would
@@ -228,8 +249,9 @@ class Scheduler:
         """A step's duration: the timer's step time plus the connector's per-step and
         per-request cost (offload tiers)."""
         step_s, request_s = self.connector_s
+        host = self.timer.host_stretch
         return (self.timer.step_s(prefill_chunks, kv_tokens, wait_s, batch_tokens)
-                + step_s + request_s * n_requests)
+                + step_s * host + request_s * n_requests * host)
 
     def _schedule_running(self, now_s: float, plan: StepPlan) -> int | None:
         """Running requests first; returns the budget left, or None after a preemption."""
@@ -309,7 +331,8 @@ class Scheduler:
             if req.lookup_round and req.lookup_ready_s > now_s:
                 return True
             req.lookup_round += 1
-            req.lookup_ready_s = now_s + self.twin_lookup_s / LOOKUP_ROUNDS
+            req.lookup_stretch = self.lookup_stretch
+            req.lookup_ready_s = now_s + self.twin_lookup_s * self.lookup_stretch / LOOKUP_ROUNDS
             if self.twin_lookup_s > 0:
                 self.new_loads.append(LookupDone(req.lookup_ready_s, req, self.instance))
         return req.lookup_ready_s > now_s
@@ -377,7 +400,8 @@ class Scheduler:
         first = req.cached_prompt_tokens < 0
         self._count_admission(req, now_s, total, gpu_hit, ext_end)
         if not self.lookup_async:
-            plan.lookup_wait_s += self.twin_lookup_s
+            plan.lookup_wait_s += self.twin_lookup_s * self.lookup_stretch
+            req.lookup_stretch = self.lookup_stretch
         if counts is not None:
             self.offload.touch(ids, counts, now_s)
             req.saved_chunks = sum(counts)
@@ -519,6 +543,7 @@ class Scheduler:
                 sampled += 1
                 if req.first_token_s != req.first_token_s:  # NaN: this was the prefill
                     req.first_token_s = now_s
+                    req.host_stretch = self.timer.host_stretch
                 if generated >= req.output_tokens:
                     finished.append(req)
         self.counters.generation_tokens += sampled

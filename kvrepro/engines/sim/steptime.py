@@ -17,6 +17,10 @@ A step runs every scheduled request once: prefill chunks and single decode token
   + step_overhead_s + batch_tokens x tp_token_s (tensor parallelism: two all-reduces per
   layer move every scheduled token's hidden state over the GPUs' link), plus, for
   synchronous offload loads, the time the step waits for them before its forward pass.
+* host CPUs shared (`kvrepro.engines.sim.host_cpu`): the forward pass (compute, memory and
+  all-reduces) takes `forward_stretch` times longer, the host part (step_overhead_s)
+  `host_stretch` times longer, and the step's handoffs wait `handoff_s`; 1.0, 1.0 and 0.0
+  when the host is not modelled (the same floats).
 """
 
 from __future__ import annotations
@@ -44,6 +48,23 @@ class StepTimer:
         self.bw_bytes_s = self.gpu.mem_bw_tb_s * 1e12
         self.weight_bytes: dict[int, float] = {}  # roofline.decode_weight_bytes per batch
         self._decode_fns: dict[int, Callable[[int], float]] = {}  # decode_step_fn per batch
+        self.forward_stretch = self.host_stretch = 1.0
+        self.handoff_s = 0.0
+
+    def set_stretch(self, forward: float, host: float, handoff_s: float = 0.0) -> None:
+        """The host CPUs' stretch of the forward pass and of the host part, and the wait of
+        the step's handoffs (`host_cpu`)."""
+        if (forward, host, handoff_s) != self.stretches():
+            self.forward_stretch, self.host_stretch, self.handoff_s = forward, host, handoff_s
+            self._decode_fns.clear()
+
+    def stretches(self) -> tuple[float, float, float]:
+        """(forward_stretch, host_stretch, handoff_s) as set."""
+        return self.forward_stretch, self.host_stretch, self.handoff_s
+
+    def host_part_s(self, stretched: bool = True) -> float:
+        """A step's host part (the engine core's), stretched or as CPU work."""
+        return self.overhead_s * self.host_stretch if stretched else self.overhead_s
 
     def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
         """Prefill compute of (new_tokens, cached_tokens) chunks."""
@@ -64,15 +85,19 @@ class StepTimer:
                wait_s: float = 0.0, batch_tokens: int = 1) -> float:
         """Whole step of `batch_tokens` tokens: max or sum of compute and memory + overhead
         + a synchronous load's wait."""
+        forward = self.forward_stretch
         return (self.combine(self.compute_s(prefill_chunks),
-                             self.memory_s(kv_tokens, batch_tokens))
-                + self.overhead_s + batch_tokens * self.tp_token_s + wait_s)
+                             self.memory_s(kv_tokens, batch_tokens)) * forward
+                + (self.overhead_s * self.host_stretch + self.handoff_s)
+                + batch_tokens * self.tp_token_s * forward + wait_s)
 
     def decode_step_s(self, kv_tokens: int, batch_tokens: int) -> float:
         """`step_s` of a step without prefill chunks or wait, by the same float operations
         (compute_s of no chunk is 0)."""
-        return (self.combine(0, self.memory_s(kv_tokens, batch_tokens)) + self.overhead_s
-                + batch_tokens * self.tp_token_s + 0.0)
+        forward = self.forward_stretch
+        return (self.combine(0, self.memory_s(kv_tokens, batch_tokens)) * forward
+                + (self.overhead_s * self.host_stretch + self.handoff_s)
+                + batch_tokens * self.tp_token_s * forward + 0.0)
 
     def decode_step_fn(self, batch_tokens: int) -> Callable[[int], float]:
         """`decode_step_s` for a fixed batch, as a function of the KV tokens: the scheduler's
@@ -84,13 +109,15 @@ class StepTimer:
             return step_fn
         self.memory_s(0, batch_tokens)  # fills weight_bytes for the batch
         weights, per_token = self.weight_bytes[batch_tokens], self.kv_bytes_per_token
-        bw, efficiency, overhead_s = self.bw_bytes_s, self.decode_efficiency, self.overhead_s
-        tp_s = batch_tokens * self.tp_token_s
+        bw, efficiency, forward = self.bw_bytes_s, self.decode_efficiency, self.forward_stretch
+        overhead_s = self.overhead_s * self.host_stretch + self.handoff_s
+        tp_s = batch_tokens * self.tp_token_s * forward
 
         def step_s(kv_tokens: int) -> float:
             # combine(0, memory) is memory itself for either combine (memory > 0: a model
             # has weights), so it is left out
-            return (weights + kv_tokens * per_token) / bw / efficiency + overhead_s + tp_s + 0.0
+            return ((weights + kv_tokens * per_token) / bw / efficiency * forward + overhead_s
+                    + tp_s + 0.0)
         self._decode_fns[batch_tokens] = step_s
         return step_s
 

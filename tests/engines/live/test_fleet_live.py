@@ -14,17 +14,20 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kvrepro.engines.live.fleet_deploy import (
+    POOL_INSTANCE,
     SESSION_HEADER,
     FleetDeployment,
     router_command,
 )
 from kvrepro.engines.live.ownership import SHM_DIR
+from kvrepro.engines.live.placement import ProcessAccounting
 from kvrepro.engines.live.probe import metrics, random_prompts
 from kvrepro.engines.live.processes import (
     ManagedProcess,
@@ -99,6 +102,19 @@ def _session_affinity(deployment: FleetDeployment, tmp: Path) -> None:
     assert {next(iter(m)) for m in seen.values()} == set(deployment.served_names), seen
 
 
+def _process_accounting(deployment: FleetDeployment) -> None:
+    """Each sampler's processes: an instance's own vLLM processes, and on the pool's the
+    router, the shared LMCache server and this client; their CPU seconds as samples."""
+    for i in range(len(deployment.instances)):
+        assert set(deployment.process_roles(i).values()) >= {"api_server", "engine_core",
+                                                             "worker"}
+    shared = deployment.process_roles(POOL_INSTANCE)
+    assert set(shared.values()) == {"router", "lmcache_server", "client"}
+    assert shared[os.getpid()] == "client"
+    sample = ProcessAccounting(partial(deployment.process_roles, 0)).sample()
+    assert sample["proc_worker_cpu_user_s"] > 0 and "proc_router_cpu_user_s" not in sample
+
+
 def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
         tmp_path: Path) -> None:
     require_vllm()
@@ -122,6 +138,7 @@ def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
                 assert workers == [[i]], record["affinity"]
             _round_robin_hit(deployment)
             _session_affinity(deployment, tmp_path)
+            _process_accounting(deployment)
             raise RuntimeError("leave by an exception")
     assert len(pids) >= 5  # router, 2 x (API server + engine core), LMCache server
     assert not [p for p in pids if pid_alive(p)]

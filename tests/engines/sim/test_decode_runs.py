@@ -47,7 +47,11 @@ from kvrepro.workload.base import Workload
 # Recomputed for issue 26 item 3 (the scheduler follows vLLM 0.32's admission: the whole
 # sequence must fit, the null block, the in-flight prefills' reservation of async loads,
 # loads issued at the end of the admitting step, no LMCache-MP load after a preemption).
-STUDY_A_20MIN_RECORDS_SHA256 = "1c18d31476717ad4609306adb6a9e31769ba99f300058a112ab0e0a7fc4d91ee"
+# Recomputed for issue [host-cpu]: the records carry the host-CPU stretches each request saw
+# (front_stretch, lookup_stretch, host_stretch; 1.0 on this server, which models no host);
+# without those three columns the records' digest is the one before (1c18d314...), and the
+# samples' is unchanged.
+STUDY_A_20MIN_RECORDS_SHA256 = "03ea24761424d49b813b9ab557e9a91a3a33f5cd51a9adca2f8a0a9dc3bdd890"
 STUDY_A_20MIN_SAMPLES_SHA256 = "1f69f17f5c7fb531d68af31ff76db790f7464fd9bcf4e7622acb79ecaa851e83"
 STUDY_A_20MIN_RECORDS = 1347
 

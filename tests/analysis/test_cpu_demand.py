@@ -1,17 +1,20 @@
-"""The host CPU each serving process spends per unit of its work (kvrepro.analysis.host_cpu),
+"""The host CPU each serving process spends per unit of its work (kvrepro.analysis.cpu_demand),
 regressed on a live run's process accounting."""
 
 from __future__ import annotations
+
+import gzip
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from kvrepro._paths import data_dir
-from kvrepro.analysis.host_cpu import (
+from kvrepro.analysis.cpu_demand import (
     ROLE_UNITS,
     fit_cpu_demand,
     predicted_cpu_s,
+    stack_profile,
     work_intervals,
 )
 
@@ -83,3 +86,28 @@ def test_the_fit_runs_give_a_demand_per_role_with_its_residuals() -> None:
     assert per_token["api_server", "output_tokens"] > 0  # streaming costs the API server
     assert per_token["lmcache_server", "chunks_moved"] > 0
     assert fit["r2"].between(0, 1).all() and fit["median_abs_residual_share"].gt(0).all()
+
+
+def test_sampled_stacks_tell_polling_from_work(tmp_path) -> None:
+    raw = tmp_path / "stacks.txt"
+    raw.write_text(
+        "run (core.py:1);MessageQueue.acquire_read (vllm/shm_broadcast.py:864);"
+        "sched_yield (vllm/distributed/utils.py:46) 300\n"
+        "run (core.py:1);SpinCondition.wait (vllm/shm_broadcast.py:208) 100\n"
+        "run (core.py:1);forward (model.py:9);OpOverloadPacket.__call__ (torch/_ops.py:1279) 50\n"
+        "run (core.py:1);MessageQueue.enqueue (vllm/shm_broadcast.py:956);"
+        "Socket.send (zmq/sugar/socket.py:713) 20\n")
+    got = stack_profile(raw, rate_hz=100)
+    assert got == pytest.approx({"active_s": 4.7, "polling_s": 4.0, "forward_s": 0.5,
+                                 "work_s": 0.7})  # the writer's send is work
+    packed = tmp_path / "stacks.txt.gz"
+    packed.write_bytes(gzip.compress(raw.read_bytes()))
+    assert stack_profile(packed, rate_hz=100) == got
+
+
+def test_the_shipped_profile_shows_the_engine_core_mostly_polling() -> None:
+    """The fit load's stacks (data/live/cpu_tiny_host_profile): why the engine core's
+    accounting is not its demand."""
+    stacks = data_dir() / "live" / "cpu_tiny_host_profile" / "stacks"
+    core = stack_profile(stacks / "small-kv-engine_core.txt.gz", rate_hz=100)
+    assert core["polling_s"] > 3 * core["work_s"] > 0

@@ -17,15 +17,23 @@ regression is least squares without an intercept; a negative coefficient is kept
 
 from __future__ import annotations
 
+import argparse
+import gzip
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from kvrepro._files import replace_files
+from kvrepro.records import read_run
+from kvrepro.tier_spec import HOST_CPU_UNITS
+
 REQUESTS = ("requests_finished_stop", "requests_finished_length", "requests_finished_abort",
             "requests_finished_error", "requests_finished_repetition")
 """vLLM's finished-request counters: their sum is the requests a run finished."""
-UNITS: dict[str, tuple[str, ...]] = {
+UNITS: dict[str, tuple[str, ...]] = {  # keys: tier_spec.HOST_CPU_UNITS but "seconds"
     "requests": REQUESTS,
     "prompt_tokens": ("prompt_tokens",),
     "output_tokens": ("generation_tokens",),
@@ -33,13 +41,18 @@ UNITS: dict[str, tuple[str, ...]] = {
     "chunks_moved": ("lmcache_l1_read_chunks", "lmcache_l1_write_chunks"),
 }
 """A unit of work -> the cumulative sample counters whose sum counts it."""
-ROLE_UNITS: dict[str, tuple[str, ...]] = {
+ROLE_UNITS: dict[str, tuple[str, ...]] = {  # keys: tier_spec.HOST_CPU_UNITS but "seconds"
     "api_server": ("seconds", "requests", "prompt_tokens", "output_tokens"),
     "engine_core": ("seconds", "requests", "prompt_tokens", "output_tokens"),
     "lmcache_server": ("seconds", "lookup_tokens", "chunks_moved"),
     "client": ("seconds", "requests"),
 }
 """Each process role and the units its CPU is regressed on (the issue's list)."""
+REGRESSED_ROLES = ("api_server", "lmcache_server", "client")
+"""The roles whose regressed demand the twin uses. Not the engine core's: its accounting is
+mostly vLLM's queue polling (`stack_profile`: 0.45 of its 0.55 CPU-s/s on the fit load), so
+its regression (r2 0.39) fits the polling; its work, and the worker's besides the forward
+pass, are their share of the steps' host part (`step_host_s`), from sampled stacks."""
 
 
 def _cumulative(samples: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
@@ -106,3 +119,88 @@ def predicted_cpu_s(intervals: pd.DataFrame, demand: pd.DataFrame) -> pd.DataFra
         coef: Mapping[str, float] = dict(zip(part["unit"], part["cpu_s_per_unit"], strict=True))
         out[f"cpu_{role}_s_predicted"] = sum(intervals[u] * c for u, c in coef.items())
     return out
+
+
+POLL_FRAMES = ("sched_yield (vllm/distributed/utils.py", "MessageQueue.acquire_read (",
+               "SpinCondition.wait (")
+"""Frames of a reader polling vLLM's shared-memory queue (vLLM 0.32 `shm_broadcast`:
+`acquire_read` loops on `SpinCondition.wait`, which calls sched_yield for 1 s after the last
+read): a sampled stack through one of them is the process polling, not working. The
+writer's side (`enqueue`, its notify) is work."""
+FORWARD_FRAMES = ("torch/_ops.py", "torch/nn/modules/module.py")
+"""Frames of the worker's forward pass (torch operators), as opposed to its Python."""
+
+
+def stack_profile(raw: str | Path, rate_hz: float) -> dict[str, float]:
+    """CPU seconds of one process by what it did, from py-spy's raw output (collapsed
+    stacks with their sample counts, `py-spy record --format raw --rate RATE`; only
+    running threads are sampled): `active_s`, `polling_s` (a POLL_FRAMES stack),
+    `forward_s` (a FORWARD_FRAMES stack), and `work_s` (active, not polling). Why sampled
+    stacks: the process accounting cannot tell polling from work (both are CPU time)."""
+    out = dict.fromkeys(("active_s", "polling_s", "forward_s", "work_s"), 0.0)
+    path = Path(raw)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" \
+        else path.read_text()
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        seconds = int(count) / rate_hz
+        out["active_s"] += seconds
+        if any(frame in stack for frame in POLL_FRAMES):
+            out["polling_s"] += seconds
+        elif any(frame in stack for frame in FORWARD_FRAMES):
+            out["forward_s"] += seconds
+    out["work_s"] = out["active_s"] - out["polling_s"]
+    return out
+
+
+WINDOW_S = 10.0
+"""Seconds of samples summed per regression row (`work_intervals`): the kernel's accounting
+ticks and the 2-second sampling make single intervals noisy."""
+
+
+def measure(fit_dir: str | Path, window_s: float = WINDOW_S
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(demand, fit) of `fit_cpu_demand` over every tier run of `fit_dir` together (one
+    regression per role: each role's units move differently across the tiers)."""
+    runs = sorted(p.parent for p in Path(fit_dir).glob("*/samples.jsonl"))
+    if not runs:
+        raise ValueError(f"{fit_dir}: no run folder with samples.jsonl")
+    parts = [work_intervals(read_run(r).samples, r.name, window_s) for r in runs]
+    return fit_cpu_demand(pd.concat(parts, ignore_index=True))
+
+
+def write_demand(fit_dir: str | Path, host_split: Mapping[str, float],
+                 out: str | Path) -> Path:
+    """The twin's demand table into `out`, replaced atomically: `measure`'s rows of
+    REGRESSED_ROLES, and each of `host_split`'s roles' CPU seconds per second of the
+    steps' host part (unit `step_host_s`)."""
+    demand, _ = measure(fit_dir)
+    demand = pd.concat([demand[demand["role"].isin(REGRESSED_ROLES)], pd.DataFrame(
+        [{"role": r, "unit": "step_host_s", "cpu_s_per_unit": v}
+         for r, v in host_split.items()])], ignore_index=True)
+    assert set(demand["unit"]) <= set(HOST_CPU_UNITS), "a unit the twin cannot count"
+    path = Path(out)
+    replace_files({path: demand.to_csv(index=False, float_format="%.6g")})
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvrepro.analysis.cpu_demand CAMPAIGN_DIR`: print each role's demand and
+    the regression's quality (the calibration writes the twin's table: `write_demand`)."""
+    parser = argparse.ArgumentParser(prog="python -m kvrepro.analysis.cpu_demand",
+                                     description=main.__doc__)
+    parser.add_argument("campaign_dir", help="a campaign folder (one run folder per tier)")
+    args = parser.parse_args(argv)
+    try:
+        demand, fit = measure(args.campaign_dir)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(demand.pivot(index="role", columns="unit", values="cpu_s_per_unit").to_string())
+    print(fit.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,63 @@
+"""Pre-registered live fleet runs (kvrepro.studies.fleet_prereg): predictions first."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kvrepro._paths import data_dir
+from kvrepro.analysis.fleet_live import fleet_live_summary
+from kvrepro.studies import fleet_prereg
+from kvrepro.studies.fleet_study import twin_of_live_fleet
+
+PLAN = data_dir() / "live" / "cpu_tiny_fleet_host" / "plan.yaml"
+
+
+def _small_plan(tmp_path: Path) -> Path:
+    """The shipped plan cut to one run per campaign, 60 s."""
+    text = PLAN.read_text().replace("duration_s: 210", "duration_s: 60")
+    plan = fleet_prereg.load_plan(PLAN)
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    small = fleet_prereg.load_plan(path)
+    assert set(small.campaigns) == set(plan.campaigns)
+    return path
+
+
+def test_a_planned_run_is_predicted_as_the_twin_of_its_recording() -> None:
+    """The 20 sessions / min shared-pool run planned is the one recorded before (same fleet,
+    workload, window): the twin predicts the same rows from the plan as from that run."""
+    plan = fleet_prereg.load_plan(PLAN)
+    run = plan.campaigns["rate20"][0]
+    planned = fleet_prereg.predict_run(plan, run)
+    recorded = data_dir() / "live" / "cpu_tiny_fleet" / f"{run.kv_pool}-{run.tier}-{run.routing}"
+    twin = fleet_live_summary(twin_of_live_fleet(recorded)).drop(columns="router")
+    pd.testing.assert_frame_equal(planned.reset_index(drop=True), twin.reset_index(drop=True))
+
+
+def test_predictions_are_written_per_campaign_and_refused_once_recorded(tmp_path: Path) -> None:
+    path = _small_plan(tmp_path)
+    written = fleet_prereg.write_predictions(path)
+    assert sorted(p.parent.name for p in written) == ["rate20", "rate6"]
+    table = pd.read_csv(tmp_path / "rate6" / "predictions.csv")
+    assert list(table.instance.astype(str)) == ["0", "1", "total"]
+    protocol = fleet_prereg.protocol_table(path)
+    assert not protocol.predicted_first.any()  # nothing recorded (nor committed) yet
+    run = tmp_path / "rate6" / "shared-dram-round_robin"
+    run.mkdir()
+    (run / "meta.json").write_text(json.dumps({"started_utc": "2026-12-04T00:00:00+00:00"}))
+    with pytest.raises(ValueError, match="recorded already"):
+        fleet_prereg.write_predictions(path)
+
+
+def test_a_bad_plan_names_the_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "plan.yaml"
+    shutil.copyfile(PLAN, path)
+    path.write_text(path.read_text().replace("duration_s: 210", "duration_seconds: 210"))
+    with pytest.raises(ValueError, match=r"plan.yaml.*duration"):
+        fleet_prereg.load_plan(path)
+    assert fleet_prereg.main(["check", str(path)]) == 2
