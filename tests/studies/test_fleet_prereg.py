@@ -61,3 +61,17 @@ def test_a_bad_plan_names_the_file_and_key(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"plan.yaml.*duration"):
         fleet_prereg.load_plan(path)
     assert fleet_prereg.main(["check", str(path)]) == 2
+
+
+def test_the_twin_still_predicts_the_committed_numbers() -> None:
+    """The twin is frozen until the planned runs are recorded: a model change shows here
+    as drift from the committed predictions, not as a silent re-score."""
+    plan = fleet_prereg.load_plan(PLAN)
+    for folder, runs in plan.campaigns.items():
+        committed = pd.read_csv(PLAN.parent / folder / fleet_prereg.PREDICTIONS,
+                                dtype={"instance": str})
+        today = pd.concat([fleet_prereg.predict_run(plan, r) for r in runs],
+                          ignore_index=True)
+        for metric in ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_share"):
+            assert today[metric].to_numpy() == pytest.approx(committed[metric].to_numpy(),
+                                                             rel=1e-5), (folder, metric)
