@@ -85,4 +85,15 @@ def measured_host_cpu(campaign_dir: Path, tier: str, profile: SimProfile, out: P
     return HostCpuSpec(cpus=cpus, demand_csv=str(Path(out).resolve()), handoff_wait_s=handoff)
 
 
-__all__ = ["PROFILE_DIR", "StackProfile", "demand_path", "host_split", "measured_host_cpu"]
+def host_of(cpus: int, speed: float = 1.0) -> HostCpuSpec:
+    """Another server's host CPUs with this machine's measured demand (the shipped tiny
+    server's table and handoff wait), its CPU seconds divided by `speed`: the model on a GPU
+    server, whose host CPU count is data."""
+    shipped = data_dir() / "servers"
+    handoff = json.loads((data_dir() / "live" / PROFILE_DIR / HANDOFF_JSON).read_text())
+    return HostCpuSpec(cpus=cpus, speed=speed, handoff_wait_s=handoff["handoff_wait_s"],
+                       demand_csv=str(demand_path(shipped / "cpu_tiny.yaml")))
+
+
+__all__ = ["PROFILE_DIR", "StackProfile", "demand_path", "host_of", "host_split",
+           "measured_host_cpu"]

@@ -338,3 +338,18 @@ def test_a_case_may_give_its_model_as_an_inline_config_json(tmp_path) -> None:
     theirs = predict.predict_case(shipped_cases()[H20], tmp_path / "catalog")
     assert ours["predicted"].to_numpy() == pytest.approx(theirs["predicted"].to_numpy(),
                                                          rel=0.02)
+
+
+def test_the_host_cpu_model_leaves_an_idle_gpu_servers_cases_where_they_were(tmp_path) -> None:
+    """On a GPU server's 112 CPUs (a DGX H100-class host) the serving processes of one
+    instance barely load them: the host-CPU model changes no prediction of these cases
+    (issue [host-cpu]; the llm-d fleet of 8 replicas on one host is the one it moves)."""
+    from kvrepro.calibration.fit_host import host_of
+    from kvrepro.studies.external.predict import host_cpu_effect
+
+    table = host_cpu_effect(tmp_path, host_of(112),
+                            ["vllm_blog_llama8b_h100", "h20_qwen3coder_tiers"])
+    assert len(table) > 10
+    assert (table["host_change_pct"].abs() < 1e-9).all()
+    one_cpu = host_cpu_effect(tmp_path / "one", host_of(1, speed=0.05), ["h20_qwen3coder_tiers"])
+    assert one_cpu["host_change_pct"].abs().max() > 1  # the model is in the loop

@@ -21,6 +21,7 @@ from kvrepro.calc.gpu_rates import load_constants
 from kvrepro.studies.external.case import ExternalCase, load_case, resolve_case, shipped_cases
 from kvrepro.studies.external.experiments import EXPERIMENTS, PUBLISHED_FROM, CaseRun, key
 from kvrepro.studies.external.server_spec import case_server
+from kvrepro.tier_spec import HostCpuSpec
 
 TABLE_COLUMNS = ["case", "metric", "tier", "point", "point_value", "unit", "published",
                  "predicted", "error_pct", "label", "read_off_figure", "cause",
@@ -52,14 +53,20 @@ def _cause(case: ExternalCase, metric: str, tier: str) -> str:
     return case.causes.get(f"{metric}/{tier}") or case.causes.get(metric) or ""
 
 
-def predict_case(path: str | Path, run_dir: str | Path) -> pd.DataFrame:
-    """One case's table (TABLE_COLUMNS); its run folder gets the twin's own files."""
+def predict_case(path: str | Path, run_dir: str | Path,
+                 host: HostCpuSpec | None = None) -> pd.DataFrame:
+    """One case's table (TABLE_COLUMNS); its run folder gets the twin's own files. `host`:
+    the server's host CPUs for the twin's host model (None: not modelled, as published
+    cases state no host CPU)."""
     src = resolve_case(str(path))
     case = load_case(src)
     out = Path(run_dir) / case.name
     out.mkdir(parents=True, exist_ok=True)
     constants = load_constants()
-    run = CaseRun(case, src.parent, case_server(case, constants), constants, out)
+    server = case_server(case, constants)
+    if host is not None:
+        server = server.model_copy(update={"host_cpu": host})
+    run = CaseRun(case, src.parent, server, constants, out)
     predicted = EXPERIMENTS[case.workload.kind](run)
     rows = []
     for p in published_rows(case, src.parent):
@@ -77,16 +84,32 @@ def predict_case(path: str | Path, run_dir: str | Path) -> pd.DataFrame:
 
 
 def predict_all(run_dir: str | Path, cases: list[str] | None = None,
-                progress: bool = True) -> pd.DataFrame:
-    """Every shipped case (or `cases`, names or paths), one table."""
+                progress: bool = True, host: HostCpuSpec | None = None) -> pd.DataFrame:
+    """Every shipped case (or `cases`, names or paths), one table (`host`: predict_case's)."""
     names = list(shipped_cases()) if cases is None else cases
     parts = []
     for name in tqdm(names, desc="external cases", disable=not progress):
         start = time.monotonic()
-        parts.append(predict_case(name, run_dir))
+        parts.append(predict_case(name, run_dir, host))
         if progress:
             tqdm.write(f"{name}: {time.monotonic() - start:.1f} s")
     return pd.concat(parts, ignore_index=True)
+
+
+def host_cpu_effect(run_dir: str | Path, host: HostCpuSpec, cases: list[str] | None = None,
+                    progress: bool = False) -> pd.DataFrame:
+    """Each published point's prediction without and with the host-CPU model on `host`
+    (`predicted`, `predicted_host`) and the change in % (`host_change_pct`): on a GPU
+    server whose many CPUs the serving processes barely load, the model must leave the
+    predictions where they were."""
+    run_dir = Path(run_dir)
+    plain = predict_all(run_dir / "plain", cases, progress)
+    hosted = predict_all(run_dir / "host", cases, progress, host)
+    keys = ["case", "metric", "tier", "point"]
+    out = plain[[*keys, "published", "predicted"]].merge(
+        hosted[[*keys, "predicted"]].rename(columns={"predicted": "predicted_host"}), on=keys)
+    out["host_change_pct"] = 100 * (out["predicted_host"] - out["predicted"]) / out["predicted"]
+    return out
 
 
 def tier_effects(table: pd.DataFrame) -> pd.DataFrame:
