@@ -31,7 +31,12 @@ from typing import Any
 import pandas as pd
 
 from kvrepro._checks import require_columns
-from kvrepro.analysis.runs import fleet_turn_stats, prompt_tokens_by_source, share
+from kvrepro.analysis.runs import (
+    fleet_turn_stats,
+    process_cpu,
+    prompt_tokens_by_source,
+    share,
+)
 from kvrepro.records import read_run
 
 GROUP_KEYS = ("kv_pool", "tier", "routing")
@@ -151,3 +156,21 @@ def fleet_live_summary(run: str | Path | pd.DataFrame,
                            .all(axis=1)]
         rows.extend(_one_run(part, mine, labels))
     return pd.DataFrame(rows).reindex(columns=list(FLEET_COLUMNS))
+
+
+def fleet_process_cpu(path: str | Path) -> pd.DataFrame:
+    """What each process of a live fleet campaign (or one run) did, per run and sampler
+    (`instance`: an instance's own processes; the shared one, -1, or instance 0 without a
+    shared pool, also the router, shared LMCache server and client): `runs.process_cpu`'s
+    CPUs busy and involuntary context switches per second by role."""
+    root = Path(path)
+    dirs = [root] if _is_run(root) else sorted(p for p in root.iterdir() if _is_run(p))
+    parts = []
+    for run_dir in dirs:
+        samples = read_run(run_dir).samples
+        for instance, part in samples.groupby("instance", sort=True):
+            own = part.dropna(axis=1, how="all")  # the other samplers' processes
+            parts.append(process_cpu(own).assign(run=run_dir.name, instance=int(instance)))
+    columns = ["run", "instance", "role", "cpu_busy", "ctx_involuntary_per_s"]
+    return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(
+        columns=columns)

@@ -21,6 +21,7 @@ import json
 import os
 from pathlib import Path
 
+import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvrepro._checks import load_yaml, validate_model
@@ -46,14 +47,30 @@ class StackProfile(BaseModel):
     stacks: dict[str, dict[str, str]] = Field(description="tier -> role -> raw stacks file")
 
 
+def load_stack_profile(profile_dir: str | Path) -> StackProfile:
+    """The profile campaign's profile.yaml; an error names the file and the key."""
+    path = Path(profile_dir) / "profile.yaml"
+    return validate_model(load_yaml(path.read_text(), str(path)), StackProfile,
+                          "stack profile", str(path))
+
+
+def stack_table(profile_dir: str | Path) -> pd.DataFrame:
+    """Per profiled tier and role: CPU-s per s active, polling, in the forward pass and
+    working (`analysis.cpu_demand.stack_profile` over the sampling window)."""
+    root = Path(profile_dir)
+    plan = load_stack_profile(root)
+    return pd.DataFrame([{"tier": tier, "role": role, **{
+        key: value / plan.duration_s for key, value in stack_profile(
+            root / path, plan.rate_hz).items()}}
+        for tier, roles in plan.stacks.items() for role, path in roles.items()])
+
+
 def host_split(profile_dir: str | Path, profile: SimProfile) -> dict[str, float]:
     """engine_core's and worker's CPU seconds of work per second of the twin's step host
     part, pooled over the profiled tiers (their work over the tiers' host parts; the
     worker's without its forward pass)."""
     root = Path(profile_dir)
-    path = root / "profile.yaml"
-    plan = validate_model(load_yaml(path.read_text(), str(path)), StackProfile,
-                          "stack profile", str(path))
+    plan = load_stack_profile(root)
     bare = profile.model_copy(update={"host_cpu": None})  # the host part as CPU work
     work = {"engine_core": 0.0, "worker": 0.0}
     host_load = 0.0
@@ -96,4 +113,4 @@ def host_of(cpus: int, speed: float = 1.0) -> HostCpuSpec:
 
 
 __all__ = ["PROFILE_DIR", "StackProfile", "demand_path", "host_of", "host_split",
-           "measured_host_cpu"]
+           "load_stack_profile", "measured_host_cpu", "stack_table"]

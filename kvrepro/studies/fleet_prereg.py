@@ -16,9 +16,11 @@ was chosen with them in view. The protocol (notebook 13, a plan.yaml next to the
 from __future__ import annotations
 
 import argparse
+import gzip
+import re
 import subprocess
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +109,29 @@ def _committed(path: Path) -> datetime | None:
     return datetime.fromisoformat(lines[-1]) if out.returncode == 0 and lines else None
 
 
+VLLM_LOG_TIME = re.compile(r" INFO (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) ")
+"""The time of a vLLM log line ("INFO 12-05 00:31:56 [...]": month, day, UTC here)."""
+
+
+def run_start(run_dir: Path, year: int) -> datetime | None:
+    """When a fleet run started: meta.json's started_utc (fleet runs record it since
+    issue [host-cpu]), else its first instance's first vLLM log line, in `year` (vLLM's log
+    gives month and day only; UTC, as this machine's clock)."""
+    started = read_run(run_dir).meta.get("started_utc")
+    if started:
+        return datetime.fromisoformat(started)
+    log = next(iter(sorted((run_dir / "i0").glob("server.log*"))), None)
+    if log is None:
+        return None
+    text = gzip.decompress(log.read_bytes()).decode(errors="replace") \
+        if log.suffix == ".gz" else log.read_text(errors="replace")
+    hit = VLLM_LOG_TIME.search(text)
+    if hit is None:
+        return None
+    month, day, hour, minute, second = map(int, hit.groups())
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+
+
 def protocol_table(plan_path: str | Path) -> pd.DataFrame:
     """Per planned run: when its campaign's predictions were committed, when it started
     (meta.json), and whether that order holds (False while it is not recorded)."""
@@ -116,9 +141,9 @@ def protocol_table(plan_path: str | Path) -> pd.DataFrame:
         committed = _committed(root / folder / PREDICTIONS)
         for run in runs:
             run_dir = root / folder / f"{run.kv_pool}-{run.tier}-{run.routing}"
-            started = (read_run(run_dir).meta.get("started_utc")
-                       if (run_dir / "meta.json").exists() else None)
-            started_at = datetime.fromisoformat(started) if started else None
+            year = committed.year if committed else datetime.now(UTC).year
+            started_at = run_start(run_dir, year) if (run_dir / "meta.json").exists() \
+                else None
             rows.append({"campaign": folder, "run": run_dir.name, "predicted_utc": committed,
                          "recorded_utc": started_at,
                          "predicted_first": bool(committed and started_at
@@ -146,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["FleetPlan", "PlannedRun", "load_plan", "planned_fleet", "predict_run",
-           "protocol_table", "write_predictions"]
+           "protocol_table", "run_start", "write_predictions"]
 
 
 if __name__ == "__main__":

@@ -75,3 +75,23 @@ def test_the_twin_still_predicts_the_committed_numbers() -> None:
         for metric in ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_share"):
             assert today[metric].to_numpy() == pytest.approx(committed[metric].to_numpy(),
                                                              rel=1e-5), (folder, metric)
+
+
+def test_the_recorded_runs_started_after_their_predictions_were_committed() -> None:
+    """The shipped campaign: each run's start (its first vLLM log line, the runs recorded
+    before fleet metas carried started_utc) after the commit of its predictions."""
+    run = PLAN.parent / "rate6" / "shared-dram-round_robin"
+    assert str(fleet_prereg.run_start(run, 2026)) == "2026-12-05 00:31:56+00:00"
+    table = fleet_prereg.protocol_table(PLAN)
+    assert len(table) == 8 and table.predicted_first.all(), table
+
+
+def test_the_recorded_fleet_accounts_every_process() -> None:
+    from kvrepro.analysis.fleet_live import fleet_process_cpu
+
+    cpu = fleet_process_cpu(PLAN.parent / "rate6" / "shared-dram-round_robin")
+    roles = cpu.groupby("instance")["role"].apply(set)
+    assert roles[-1] >= {"router", "client", "lmcache_server"}
+    for instance in (0, 1):
+        assert roles[instance] >= {"api_server", "engine_core", "worker"}
+    assert (cpu.cpu_busy >= 0).all() and cpu.cpu_busy.sum() < 2.0  # two CPUs

@@ -38,6 +38,7 @@ import os
 import sys
 import zlib
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -622,7 +623,8 @@ def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
                                      options.router)
         try:
             with deployment:
-                writer.meta.update(startup_s=deployment.startup_s,
+                writer.meta.update(started_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+                                   startup_s=deployment.startup_s,
                                    served_names=deployment.served_names,
                                    tier_configs=[t.meta_record() for t in deployment.tiers],
                                    instance_placements=[s.placement_record()

@@ -116,6 +116,10 @@ class HostCpu:
         if router:
             add("router", -1, placements[0])
         self.last_s = 0.0
+        self.spent_s: dict[str, float] = {}
+        """CPU seconds each role spent over the closed intervals (all its processes), and
+        `worker_forward`: the workers' share of it in forward passes."""
+        self._forward_s = 0.0
 
     def _process(self, role: str, instance: int) -> Process | None:
         return self.processes.get((role, instance)) or self.processes.get((role, -1))
@@ -133,6 +137,7 @@ class HostCpu:
             self.spend(role, instance, host_s * share)
         if self.forward_on_cpu:
             self.spend("worker", instance, forward_s)
+            self._forward_s += forward_s
 
     def host_stretch(self, instance: int) -> float:
         """The stretch of a step's host part: the engine core's and the worker's, weighted
@@ -163,7 +168,12 @@ class HostCpu:
             seconds = (self.demand.get((process.role, "seconds"), 0.0) * interval_s
                        if process.role in MEASURED_ROLES else 0.0)
             process.load = max(0.0, (process.cpu_s + seconds) / interval_s)
+            self.spent_s[process.role] = self.spent_s.get(process.role, 0.0) \
+                + process.load * interval_s
             process.cpu_s = 0.0
+        self.spent_s["worker_forward"] = self.spent_s.get("worker_forward", 0.0) \
+            + self._forward_s
+        self._forward_s = 0.0
         for process in self.processes.values():
             n = len(process.cpus)
             process.stretch = round(max(1.0, (1.0 + self.others_load(process) * n) / n),
