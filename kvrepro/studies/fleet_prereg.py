@@ -9,8 +9,9 @@ was chosen with them in view. The protocol (notebook 13, a plan.yaml next to the
    runs the planned fleet and workload and writes the campaign's predictions.csv (rows of
    `analysis.fleet_live.fleet_live_summary`); commit it;
 3. run the plan's run.sh (`kvrepro run fleet`, one folder per configuration);
-4. `... check PLAN`: every run started after its predictions were committed, and the twin
-   still predicts the committed numbers; `fleet_study.preregistered_fleet_score` scores them.
+4. `... check PLAN`: every run started after its predictions were committed, and how far
+   the twin today is from the committed numbers (0 while frozen);
+   `fleet_study.preregistered_fleet_score` scores the committed numbers.
 """
 
 from __future__ import annotations
@@ -132,13 +133,30 @@ def run_start(run_dir: Path, year: int) -> datetime | None:
     return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
+def prediction_drift(plan: FleetPlan, run: PlannedRun, committed: pd.DataFrame) -> float:
+    """How far the twin today is from a run's committed prediction: the largest relative
+    difference over its rows' throughput, TTFT and cached share (0 while frozen; a later
+    model change shows here, not as a silent re-score)."""
+    keys = ["kv_pool", "tier", "routing", "instance"]
+    today = predict_run(plan, run).assign(instance=lambda t: t["instance"].astype(str))
+    both = committed.merge(today, on=keys, suffixes=("", "_today"))
+    drift = 0.0
+    for metric in ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_share"):
+        scale = both[metric].abs().where(both[metric] != 0, 1.0)
+        drift = max(drift, float(((both[f"{metric}_today"] - both[metric]).abs()
+                                  / scale).max()))
+    return drift
+
+
 def protocol_table(plan_path: str | Path) -> pd.DataFrame:
     """Per planned run: when its campaign's predictions were committed, when it started
-    (meta.json), and whether that order holds (False while it is not recorded)."""
+    (meta.json), whether that order holds (False while it is not recorded), and the twin's
+    drift from the committed prediction today (`prediction_drift`)."""
     root, plan = Path(plan_path).parent, load_plan(plan_path)
     rows = []
     for folder, runs in plan.campaigns.items():
         committed = _committed(root / folder / PREDICTIONS)
+        stored = pd.read_csv(root / folder / PREDICTIONS, dtype={"instance": str})
         for run in runs:
             run_dir = root / folder / f"{run.kv_pool}-{run.tier}-{run.routing}"
             year = committed.year if committed else datetime.now(UTC).year
@@ -147,7 +165,10 @@ def protocol_table(plan_path: str | Path) -> pd.DataFrame:
             rows.append({"campaign": folder, "run": run_dir.name, "predicted_utc": committed,
                          "recorded_utc": started_at,
                          "predicted_first": bool(committed and started_at
-                                                 and committed < started_at)})
+                                                 and committed < started_at),
+                         "max_prediction_drift": prediction_drift(plan, run, stored[
+                             (stored.kv_pool == run.kv_pool) & (stored.tier == run.tier)
+                             & (stored.routing == run.routing)])})
     return pd.DataFrame(rows)
 
 
@@ -171,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["FleetPlan", "PlannedRun", "load_plan", "planned_fleet", "predict_run",
-           "protocol_table", "run_start", "write_predictions"]
+           "prediction_drift", "protocol_table", "run_start", "write_predictions"]
 
 
 if __name__ == "__main__":
