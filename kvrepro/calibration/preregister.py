@@ -200,18 +200,30 @@ def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str) -> float:
     return float(((both["today"] - both["stored"]).abs() / scale).max())
 
 
-def with_predictions(table: pd.DataFrame, plan: Plan,
-                     root: str | Path | None = None) -> pd.DataFrame:
+def stored_predictions(live_dir: str | Path | None = None) -> pd.DataFrame:
+    """Every committed prediction of the package's plans under `live_dir` (default: the
+    package's data/live): `validate.HELD_OUT_ROOT`'s sets by name, `validate.REDRAWN_ROOT`'s
+    as `validate.redrawn(set)`; columns run, tier, metric, predicted."""
+    live = Path(live_dir) if live_dir is not None else data_file("live")
+    parts = []
+    for folder, name_of in ((validate.HELD_OUT_ROOT, str),
+                            (validate.REDRAWN_ROOT, validate.redrawn)):
+        if not plan_path(live / folder).exists():
+            continue
+        for name in load_plan(plan_path(live / folder)).sets:
+            path = set_dir(name, live / folder) / PREDICTIONS
+            if path.exists():
+                parts.append(pd.read_csv(path).drop(columns="set").assign(run=name_of(name)))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=["run", "tier", "metric", "predicted"])
+
+
+def with_predictions(table: pd.DataFrame, live_dir: str | Path | None = None) -> pd.DataFrame:
     """`validate.validation_table`'s table with the committed prediction of each held-out
-    row (`predicted`, NaN for runs that were not pre-registered) and its error against live
-    (`predicted_error`, in the row's unit): the score of the frozen twin, whatever the twin
-    computes today (`sim`)."""
-    parts = [pd.read_csv(set_dir(n, root) / PREDICTIONS) for n in plan.sets
-             if (set_dir(n, root) / PREDICTIONS).exists()]
-    if not parts:
-        return table.assign(predicted=float("nan"), predicted_error=float("nan"))
-    stored = pd.concat(parts).rename(columns={"set": "run"})
-    out = table.merge(stored, on=["run", "tier", "metric"], how="left")
+    row (`predicted`, NaN for runs that were not pre-registered; `stored_predictions`) and its
+    error against live (`predicted_error`, in the row's unit): the score of the frozen twin,
+    whatever the twin computes today (`sim`)."""
+    out = table.merge(stored_predictions(live_dir), on=["run", "tier", "metric"], how="left")
     out["predicted_error"] = [validate.metric_error(m, lv, pv) for m, lv, pv in
                               zip(out.metric, out.live, out.predicted, strict=True)]
     return out
@@ -255,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "held_out_runs", "load_plan",
            "planned_meta", "predict_set", "protocol_table", "record_set", "set_dir",
-           "set_server", "set_workload", "with_predictions", "write_predictions"]
+           "set_server", "set_workload", "stored_predictions", "with_predictions",
+           "write_predictions"]
 
 
 if __name__ == "__main__":

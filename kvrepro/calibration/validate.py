@@ -475,6 +475,24 @@ HELD_OUT_ROOT = "cpu_tiny_prereg"
 their plan.yaml (`kvrepro.calibration.preregister`, whose `PREREG_ROOT` is this name)."""
 
 
+REDRAWN_ROOT = "cpu_tiny_prereg_host"
+"""data/live/<REDRAWN_ROOT>: the same five sets drawn again with new seeds (issue [host-cpu]),
+pre-registered on the twin with its host-CPU model, because the runs of `HELD_OUT_ROOT` were
+used to choose between variants of that model and no longer score it. Their runs are named
+`redrawn(set)` in a validation table."""
+REDRAWN_SUFFIX = "-redrawn"
+
+
+def redrawn(name: str) -> str:
+    """The validation table's run name of held-out set `name` drawn again."""
+    return f"{name}{REDRAWN_SUFFIX}"
+
+
+def set_of(run: str) -> str:
+    """The held-out set a run name stands for (a redrawn set's name without its suffix)."""
+    return run.removesuffix(REDRAWN_SUFFIX)
+
+
 @functools.cache
 def held_out_sets() -> tuple[str, ...]:
     """The pre-registered held-out sets, in the order of the package's plan.yaml (its `sets`,
@@ -501,14 +519,16 @@ LIVE_TIERS = ("small-kv", "dram", "flash")
 def shipped_runs(live_dir: str | Path | None = None,
                  tiers: tuple[str, ...] = LIVE_TIERS) -> dict[str, list[Path]]:
     """The fit run and the recorded held-out runs, tier folders by run name
-    (`validation_table`'s input); `live_dir` defaults to the package's data/live. A set not
-    recorded yet (its predictions only) is left out."""
+    (`validation_table`'s input): the sets of `HELD_OUT_ROOT`, then those of `REDRAWN_ROOT`
+    as `redrawn(set)`; `live_dir` defaults to the package's data/live. A set not recorded
+    yet (its predictions only) is left out."""
     root = Path(live_dir) if live_dir is not None else data_file("live")
     runs = {"fit": [root / FIT_RUN / t for t in tiers]}
-    for name in held_out_sets():
-        dirs = [root / HELD_OUT_ROOT / name / t for t in tiers]
-        if all((d / "meta.json").exists() for d in dirs):
-            runs[name] = dirs
+    for folder, name_of in ((HELD_OUT_ROOT, str), (REDRAWN_ROOT, redrawn)):
+        for name in held_out_sets():
+            dirs = [root / folder / name / t for t in tiers]
+            if all((d / "meta.json").exists() for d in dirs):
+                runs[name_of(name)] = dirs
     return runs
 
 
@@ -532,6 +552,34 @@ def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]
             "decode_residual_median_ms": float(1e3 * res_s.median()),
             "decode_residual_p90_ms": float(1e3 * res_s.quantile(0.9)),
             "share_over_1ms": float((res_s > 0.001).mean()) if len(res_s) else math.nan}
+
+
+DRIFT_ROOT = "cpu_tiny_drift"
+"""data/live/<DRIFT_ROOT>: the fit run's baseline tier recorded again with the same command on
+the day of the redrawn sets (its run.sh): a probe of the machine, not a held-out run."""
+
+
+def drift_table(profile: SimProfile, live_dir: str | Path | None = None,
+                tier: str = "small-kv") -> pd.DataFrame:
+    """The fit run's `tier` against the same command recorded again (`DRIFT_ROOT`): the fit
+    guard's metrics (lone requests, `fit_guard_metrics`) and the lone decode steps' median
+    residual against the fitted step model, live on each day and in the twin, and the live
+    change in %. Why: a held-out run recorded on another day meets the machine of that day;
+    where the same workload runs faster or slower than at the fit, the twin's miss on that
+    day's runs is the machine's, not the model's, and shows here first."""
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    rows = []
+    for name, folder in (("fit", root / FIT_RUN / tier), ("probe", root / DRIFT_ROOT / tier)):
+        run = read_run(folder)
+        rows += [{**r, "run": name} for r in fit_guard_metrics(run, simulate_replay(run, profile))]
+        residual = decode_residuals(folder, profile)
+        rows.append({"run": name, "metric": "decode_residual_median_s", "live":
+                     residual["decode_residual_median_ms"] / 1e3, "sim": 0.0,
+                     "n": residual["n_lone"]})
+    table = pd.DataFrame(rows).pivot(index="metric", columns="run", values=["live", "sim", "n"])
+    table.columns = [f"{kind}_{run}" for kind, run in table.columns]
+    change = (table["live_probe"] / table["live_fit"] - 1.0) * 100.0
+    return table.assign(live_change_pct=change.where(~table.index.str.contains("residual")))
 
 
 def disturbance_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
@@ -568,7 +616,7 @@ def goal_table(table: pd.DataFrame, records: pd.DataFrame,
     ttft = held[held["metric"].isin(["ttft_median_s", "ttft_p90_s"])].dropna(subset=["error"])
     for saturated, limit in ((False, GOALS["ttft_unsaturated_pct"]),
                              (True, GOALS["ttft_saturated_pct"])):
-        part = ttft[ttft["run"].isin(SATURATING_SETS) == saturated]
+        part = ttft[ttft["run"].map(set_of).isin(SATURATING_SETS) == saturated]
         out.append((f"TTFT median and p90, {'saturating' if saturated else 'unsaturated'} "
                     f"runs: worst |error|", f"<= {limit:g} %",
                     float(part["error"].abs().max()) if len(part) else math.nan, len(part),
@@ -705,11 +753,13 @@ def summary(table: pd.DataFrame, tolerance: float = 10.0) -> dict[str, float]:
 
 
 def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
-    """`summary` per run, then for the held-out runs (a)-(c) together and for every run
-    (rows `held-out` and `all`)."""
+    """`summary` per run, then for the held-out sets together, the redrawn ones together
+    (when the table has them) and every run (rows `held-out`, `held-out-redrawn`, `all`)."""
     held = table[table["run"].isin(held_out_sets())]
+    again = table[table["run"].isin([redrawn(n) for n in held_out_sets()])]
     parts = [(run, part) for run, part in table.groupby("run", sort=False)]
-    parts += [("held-out", held), ("all", table)]
+    parts += [("held-out", held)] + ([(redrawn("held-out"), again)] if len(again) else [])
+    parts += [("all", table)]
     return pd.DataFrame([{"run": run, **summary(part, tolerance)} for run, part in parts])
 
 
@@ -848,6 +898,7 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
+           "REDRAWN_ROOT", "REDRAWN_SUFFIX", "redrawn", "set_of", "DRIFT_ROOT", "drift_table",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",

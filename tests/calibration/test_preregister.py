@@ -1,7 +1,7 @@
 """The pre-registered held-out runs (kvrepro.calibration.preregister): the plan is the one
 validation reads, every set has its committed predictions, each recorded run started after
 its predictions were committed (git history vs meta.json), and a prediction is refused once
-a set is recorded."""
+a set is recorded; all of it for both plans: the held-out sets and the same sets redrawn."""
 
 from __future__ import annotations
 
@@ -18,39 +18,57 @@ from kvrepro.records import read_run
 
 PLAN = preregister.load_plan()
 ROOT = data_file("live", preregister.PREREG_ROOT)
+REDRAWN = data_file("live", validate.REDRAWN_ROOT)
+PLANS = [pytest.param(root, id=root.name) for root in (ROOT, REDRAWN)]
 
 
 def test_the_plan_is_the_validation_sets() -> None:
     assert PLAN.tiers == list(validate.LIVE_TIERS)
 
 
-def test_every_set_has_a_prediction_for_every_tier_and_metric() -> None:
-    for name in PLAN.sets:
-        table = pd.read_csv(ROOT / name / preregister.PREDICTIONS)
+def test_the_redrawn_sets_are_the_held_out_sets_with_new_seeds() -> None:
+    again = preregister.load_plan(preregister.plan_path(REDRAWN))
+    assert again.model_dump(exclude={"sets"}) == PLAN.model_dump(exclude={"sets"})
+    assert list(again.sets) == list(PLAN.sets)
+    for name, held in PLAN.sets.items():
+        redrawn = again.sets[name]
+        assert redrawn.server == held.server, name
+        assert {**redrawn.workload, "seed": None} == {**held.workload, "seed": None}, name
+        assert redrawn.workload["seed"] != held.workload["seed"], name
+
+
+@pytest.mark.parametrize("root", PLANS)
+def test_every_set_has_a_prediction_for_every_tier_and_metric(root: Path) -> None:
+    plan = preregister.load_plan(preregister.plan_path(root))
+    for name in plan.sets:
+        table = pd.read_csv(root / name / preregister.PREDICTIONS)
         pairs = set(zip(table.tier, table.metric, strict=True))
-        assert pairs == {(t, m) for t in PLAN.tiers for m in validate.METRICS}, name
-        assert table.predicted.notna().sum() > len(PLAN.tiers) * 5, name
+        assert pairs == {(t, m) for t in plan.tiers for m in validate.METRICS}, name
+        assert table.predicted.notna().sum() > len(plan.tiers) * 5, name
 
 
-def test_recorded_runs_started_after_their_predictions_were_committed() -> None:
-    table = preregister.protocol_table(PLAN)
+@pytest.mark.parametrize("root", PLANS)
+def test_recorded_runs_started_after_their_predictions_were_committed(root: Path) -> None:
+    table = preregister.protocol_table(preregister.load_plan(preregister.plan_path(root)), root)
     recorded = table[table.recorded_utc.notna()]
     assert len(recorded), "no pre-registered set is recorded"
     late = recorded[~recorded.predicted_first]
     assert late.empty, late.to_string()
 
 
-def test_a_planned_run_is_what_the_live_engine_will_deploy() -> None:
+@pytest.mark.parametrize("root", PLANS)
+def test_a_planned_run_is_what_the_live_engine_will_deploy(root: Path) -> None:
     """The twin's prediction reads the same rendered tier and workload digest as the
     recorded run's meta.json."""
-    for name in PLAN.sets:
-        for tier in PLAN.tiers:
-            folder = ROOT / name / tier
+    plan = preregister.load_plan(preregister.plan_path(root))
+    for name in plan.sets:
+        for tier in plan.tiers:
+            folder = root / name / tier
             if not (folder / "meta.json").exists():
                 continue
             recorded = read_run(folder).meta
-            planned = preregister.planned_meta(PLAN, name, tier,
-                                               preregister.set_server(PLAN, name))
+            planned = preregister.planned_meta(plan, name, tier,
+                                               preregister.set_server(plan, name))
             assert planned["workload_digest"] == recorded["workload_digest"], (name, tier)
             ports = {"port", "lmcache_mp"}  # chosen free at deploy time
             assert (read_tier_config(planned["tier_config"]).model_dump(exclude=ports)
@@ -76,3 +94,18 @@ def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
     today = stored.assign(predicted=[1.1, 0.5])
     assert preregister._drift(stored, today, "dram") == pytest.approx(0.5)
     assert preregister._drift(stored, stored, "dram") == 0.0
+
+
+def test_committed_predictions_are_scored_under_each_plans_run_names(tmp_path: Path) -> None:
+    """A redrawn set's predictions score the rows named `redrawn(set)`, not the old set's."""
+    for folder, value in ((preregister.PREREG_ROOT, 1.0), (validate.REDRAWN_ROOT, 2.0)):
+        (tmp_path / folder / "a-seed-rate").mkdir(parents=True)
+        shutil.copy(data_file("live", folder, "plan.yaml"), tmp_path / folder / "plan.yaml")
+        pd.DataFrame({"set": ["a-seed-rate"], "tier": ["dram"], "metric": ["ttft_median_s"],
+                      "predicted": [value]}).to_csv(
+            tmp_path / folder / "a-seed-rate" / preregister.PREDICTIONS, index=False)
+    table = pd.DataFrame({"run": ["a-seed-rate", validate.redrawn("a-seed-rate"), "fit"],
+                          "tier": "dram", "metric": "ttft_median_s", "live": 1.0})
+    out = preregister.with_predictions(table, tmp_path)
+    assert out.predicted.tolist()[:2] == [1.0, 2.0] and pd.isna(out.predicted.iloc[2])
+    assert out.predicted_error.tolist()[:2] == pytest.approx([0.0, 100.0])

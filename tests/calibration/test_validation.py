@@ -388,3 +388,41 @@ def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
     assert split["live_engine_ttft_ms"] == pytest.approx(1e3 * engine_s)
     gap_ms = split["live_client_ttft_ms"] - split["live_engine_ttft_ms"]
     assert (slow > 0.2 and gap_ms > 200) if stalled else (slow < 0.05 and gap_ms < 50)
+
+
+def test_redrawn_sets_are_summarised_apart_and_keep_their_sets_tolerance() -> None:
+    """A redrawn set's rows form their own summary row and take the set's TTFT limit (25 %
+    for the saturating set), not the held-out row's or the unsaturated limit."""
+    saturating = validate.SATURATING_SETS[0]
+    other = next(s for s in validate.held_out_sets() if s != saturating)
+    rows = [(run, metric, error) for run in (saturating, validate.redrawn(saturating))
+            for metric, error in (("ttft_median_s", 20.0), ("ttft_p90_s", 2.0))]
+    rows += [(validate.redrawn(other), "ttft_median_s", 12.0)]
+    table = pd.DataFrame(rows, columns=["run", "metric", "error"]).assign(
+        tier="dram", informative=True)
+    summary = validate.summary_table(table).set_index("run")
+    assert summary.loc["held-out", "n_metrics"] == 2
+    assert summary.loc[validate.redrawn("held-out"), "n_metrics"] == 3
+    assert summary.loc[validate.redrawn("held-out"), "median_abs_error"] == 12.0
+    records = pd.DataFrame(columns=["engine", "run", "tier", "is_resume", "is_warmup"])
+    goals = validate.goal_table(table, records, runs=tuple(
+        validate.redrawn(s) for s in validate.held_out_sets())).set_index("goal")
+    sat = goals.loc[goals.index.str.startswith("TTFT median and p90")]
+    assert sat.loc[sat.index.str.contains(" saturating"), "value"].item() == 20.0
+    assert sat.loc[sat.index.str.contains("unsaturated"), "value"].item() == 12.0
+
+
+def test_drift_table_is_zero_where_the_probe_is_the_fit_run(shipped, tmp_path: Path) -> None:
+    """The same recording as fit and probe changes nothing; the shipped probe is compared
+    metric by metric with the fit run it repeats."""
+    (tmp_path / validate.FIT_RUN).mkdir()
+    (tmp_path / validate.DRIFT_ROOT).mkdir()
+    fit = data_file("live", validate.FIT_RUN, "small-kv")
+    for folder in (validate.FIT_RUN, validate.DRIFT_ROOT):
+        (tmp_path / folder / "small-kv").symlink_to(fit)
+    same = validate.drift_table(shipped[0], tmp_path)
+    assert (same["live_change_pct"].dropna() == 0).all()
+    assert len(same["live_change_pct"].dropna()) == len(validate.GUARD_METRICS) - 1  # no loads
+    shipped_probe = validate.drift_table(shipped[0])
+    assert shipped_probe.loc["decode_step_mean_s", "n_probe"] > 0
+    assert math.isfinite(shipped_probe.loc["decode_step_mean_s", "live_change_pct"])
