@@ -628,30 +628,35 @@ def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float | None
     return float(times.min()) if len(times) else math.nan
 
 
-PROCESS_SUFFIXES = ("_cpu_user_s", "_cpu_system_s", "_ctx_involuntary")
-"""Endings of the live samples' per-process counters (`engines.live.placement`)."""
+PROCESS_SUFFIXES = ("_cpu_user_s", "_cpu_system_s", "_ctx_involuntary", "_runqueue_wait_s")
+"""Endings of the live samples' per-process counters (`engines.live.placement`), in the
+order `ProcessAccounting` reads them; `_runqueue_wait_s` only in runs from 2026-12-05."""
 
 
 def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
     """What each process role of a live run did between its first and last sample: CPUs
     busy (user + system seconds per second of the run) and involuntary context switches per
-    second (a process the kernel takes off its CPU because another wants it: contention).
-    Columns `role, cpu_busy, ctx_involuntary_per_s`; empty for samples without them."""
+    second (a process the kernel takes off its CPU because another wants it: contention)
+    and, where the samples have it, the main thread's run queue wait per second (runnable,
+    waiting for a CPU; NaN in older runs). Columns `role, cpu_busy, ctx_involuntary_per_s,
+    runqueue_wait_per_s`; empty for samples without them."""
     roles = sorted({c[len("proc_"):-len("_cpu_user_s")] for c in samples.columns
                     if c.startswith("proc_") and c.endswith("_cpu_user_s")})
     if not roles or len(samples) < 2:
-        return pd.DataFrame(columns=["role", "cpu_busy", "ctx_involuntary_per_s"])
+        return pd.DataFrame(columns=["role", "cpu_busy", "ctx_involuntary_per_s",
+                                     "runqueue_wait_per_s"])
     data = samples.sort_values("time_s")
     elapsed_s = float(data["time_s"].iloc[-1] - data["time_s"].iloc[0])
 
     def grew(column: str) -> float:
-        values = data[column].dropna()
+        values = data[column].dropna() if column in data else pd.Series(dtype=float)
         return float(values.iloc[-1] - values.iloc[0]) if len(values) > 1 else math.nan
 
     rows = [{"role": role,
              "cpu_busy": (grew(f"proc_{role}_cpu_user_s") + grew(f"proc_{role}_cpu_system_s"))
              / elapsed_s,
-             "ctx_involuntary_per_s": grew(f"proc_{role}_ctx_involuntary") / elapsed_s}
+             "ctx_involuntary_per_s": grew(f"proc_{role}_ctx_involuntary") / elapsed_s,
+             "runqueue_wait_per_s": grew(f"proc_{role}_runqueue_wait_s") / elapsed_s}
             for role in roles]
     return pd.DataFrame(rows)
 

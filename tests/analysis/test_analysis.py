@@ -577,3 +577,17 @@ def test_prompt_sources_figure_stacks_shares() -> None:
     assert widths[:2] == pytest.approx([80, 30]) and widths[4:6] == pytest.approx([0, 50])
     with pytest.raises(ValueError, match="prompt-sources"):
         prompt_sources(table.drop(columns="offload_l2_tokens"))
+
+
+def test_process_cpu_reads_the_run_queue_wait_where_the_samples_have_it() -> None:
+    from kvrepro.analysis.runs import process_cpu
+
+    samples = pd.DataFrame({"time_s": [0.0, 2.0], "proc_worker_cpu_user_s": [1.0, 2.0],
+                            "proc_worker_cpu_system_s": [0.0, 0.2],
+                            "proc_worker_ctx_involuntary": [10.0, 30.0],
+                            "proc_worker_runqueue_wait_s": [0.5, 1.5]})
+    row = process_cpu(samples).iloc[0]
+    assert (row.cpu_busy, row.ctx_involuntary_per_s, row.runqueue_wait_per_s) == (
+        pytest.approx(0.6), 10.0, 0.5)
+    older = process_cpu(samples.drop(columns="proc_worker_runqueue_wait_s")).iloc[0]
+    assert older.cpu_busy == pytest.approx(0.6) and np.isnan(older.runqueue_wait_per_s)

@@ -33,6 +33,7 @@ from typing import Any
 
 import psutil
 
+from kvrepro.analysis.runs import PROCESS_SUFFIXES
 from kvrepro.tier_spec import Placement
 
 BINDING_HEADER = "OpenMP thread binding info"
@@ -208,15 +209,19 @@ def pinned_client(cpus: frozenset[int] | None) -> Iterator[None]:
 
 
 class ProcessAccounting:
-    """CPU seconds (user, system) and involuntary context switches of the run's processes,
-    by role, as cumulative sample keys `proc_<role>_cpu_user_s`, `proc_<role>_cpu_system_s`
-    and `proc_<role>_ctx_involuntary` (processes of one role summed). A process that is gone
-    keeps its last reading, so a counter never drops."""
+    """CPU seconds (user, system), involuntary context switches and the main thread's run
+    queue wait of the run's processes, by role, as cumulative sample keys
+    `proc_<role>_cpu_user_s`, `..._cpu_system_s`, `..._ctx_involuntary` and
+    `..._runqueue_wait_s` (`analysis.runs.PROCESS_SUFFIXES`; processes of one role summed).
+    The run queue wait is the time the main thread was runnable but another task had its
+    CPU (the kernel's schedstat): how long the CPUs the process shares kept it waiting,
+    which its CPU time cannot show. A process that is gone keeps its last reading, so a
+    counter never drops."""
 
     def __init__(self, roles: Callable[[], Mapping[int, str]]):
         self._roles = roles
         self._procs: dict[int, psutil.Process] = {}
-        self._last: dict[int, tuple[str, float, float, int]] = {}
+        self._last: dict[int, tuple[str, float, float, int, float]] = {}
 
     def _read(self, pid: int, role: str) -> None:
         proc = self._procs.get(pid)
@@ -225,7 +230,8 @@ class ProcessAccounting:
                 proc = self._procs[pid] = psutil.Process(pid)
             with proc.oneshot():
                 times, switches = proc.cpu_times(), proc.num_ctx_switches()
-            self._last[pid] = (role, times.user, times.system, switches.involuntary)
+            self._last[pid] = (role, times.user, times.system, switches.involuntary,
+                               runqueue_wait_s(pid))
         except psutil.Error:
             return
 
@@ -234,20 +240,30 @@ class ProcessAccounting:
         for pid, role in self._roles().items():
             self._read(pid, role)
         out: dict[str, float] = {}
-        for role, user_s, system_s, involuntary in self._last.values():
-            for key, value in (("cpu_user_s", user_s), ("cpu_system_s", system_s),
-                               ("ctx_involuntary", involuntary)):
-                name = f"proc_{role}_{key}"
+        for role, *values in self._last.values():
+            for suffix, value in zip(PROCESS_SUFFIXES, values, strict=True):
+                if value != value:  # NaN: the kernel keeps no run queue wait
+                    continue
+                name = f"proc_{role}{suffix}"
                 out[name] = out.get(name, 0.0) + float(value)
         return out
 
 
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the main thread of `pid` has waited runnable for a CPU (the second field of
+    /proc/<pid>/schedstat); NaN where the kernel does not keep it."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def is_process_key(key: str) -> bool:
     """Whether a sample key is one of `ProcessAccounting`'s cumulative counters."""
-    return key.startswith("proc_") and key.endswith(("_cpu_user_s", "_cpu_system_s",
-                                                     "_ctx_involuntary"))
+    return key.startswith("proc_") and key.endswith(PROCESS_SUFFIXES)
 
 
 __all__ = ["ProcessAccounting", "affinities", "affinity_summary", "is_process_key",
-           "pin_process", "pin_vllm", "pinned_client", "preexec", "read_binding", "union",
+           "pin_process", "pin_vllm", "pinned_client", "preexec", "read_binding", "runqueue_wait_s",
+           "union",
            "vllm_binding", "vllm_env", "vllm_processes"]

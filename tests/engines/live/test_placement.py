@@ -18,6 +18,7 @@ from kvrepro.engines.live.placement import (
     pin_process,
     pinned_client,
     preexec,
+    runqueue_wait_s,
     vllm_binding,
     vllm_env,
 )
@@ -111,6 +112,33 @@ def test_a_child_runs_where_its_spec_says_and_its_cpu_time_is_counted(tmp_path: 
         proc.stop(grace_s=2)
     gone = accounting.sample()  # the process is gone: its last reading stays
     assert gone["proc_worker_cpu_user_s"] == later["proc_worker_cpu_user_s"]
+
+
+def test_the_run_queue_wait_counts_the_time_another_process_had_the_cpu(tmp_path: Path
+                                                                        ) -> None:
+    """Two spinners on one CPU: each waits about half the time for it; alone, hardly."""
+    cpu = frozenset({CPUS[-1]})
+    procs = [ManagedProcess(f"spinner{i}", [sys.executable, "-c", _SPIN.format(s=1.5)],
+                            tmp_path / f"spin{i}.log", dict(os.environ),
+                            "http://127.0.0.1:9/h", cpus=cpu) for i in range(2)]
+    for proc in procs:
+        proc.start()
+    try:
+        pids = {proc.process.pid: role for proc, role in zip(procs, ("worker", "engine_core"),
+                                                              strict=True)}
+        accounting = ProcessAccounting(lambda: pids)
+        time.sleep(0.2)
+        first = accounting.sample()
+        time.sleep(1.0)
+        later = accounting.sample()
+        waited = (later["proc_worker_runqueue_wait_s"] - first["proc_worker_runqueue_wait_s"]
+                  + later["proc_engine_core_runqueue_wait_s"]
+                  - first["proc_engine_core_runqueue_wait_s"])
+        assert waited > 0.6, f"two spinners on one CPU waited {waited:.3f} s in 1 s"
+        assert runqueue_wait_s(os.getpid()) >= 0
+    finally:
+        for proc in procs:
+            proc.stop(grace_s=2)
 
 
 def test_pinning_moves_every_thread_and_the_client_pin_is_undone() -> None:
