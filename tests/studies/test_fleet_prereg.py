@@ -86,3 +86,14 @@ def test_the_recorded_fleet_accounts_every_process() -> None:
     for instance in (0, 1):
         assert roles[instance] >= {"api_server", "engine_core", "worker"}
     assert (cpu.cpu_busy >= 0).all() and cpu.cpu_busy.sum() < 2.0  # two CPUs
+    assert cpu.runqueue_wait_per_s.isna().all()  # recorded before the accounting had it
+
+
+def test_the_diagnostic_fleet_run_has_every_process_run_queue_wait() -> None:
+    from kvrepro.analysis.fleet_live import fleet_process_cpu
+
+    cpu = fleet_process_cpu(PLAN.parents[1] / "cpu_tiny_fleet_wait")
+    judged = cpu[cpu.role != "other"]
+    assert judged.runqueue_wait_per_s.notna().all(), judged
+    # a second of waiting per second at most per main thread
+    assert ((judged.runqueue_wait_per_s >= 0) & (judged.runqueue_wait_per_s < 1.0)).all()
