@@ -633,6 +633,37 @@ PROCESS_SUFFIXES = ("_cpu_user_s", "_cpu_system_s", "_ctx_involuntary", "_runque
 order `ProcessAccounting` reads them; `_runqueue_wait_s` only in runs from 2026-12-05."""
 
 
+HOST_KEY_PREFIX = "host_cpu"
+"""The live samples' host CPU counters: `host_cpu<N>_busy_s` and `host_cpu<N>_steal_s`
+(`engines.live.placement.host_cpu_times`), in runs from 2026-12-05 06:00 UTC on."""
+
+
+def _growth(data: pd.DataFrame, column: str) -> float:
+    """How much a cumulative sample column grew from its first to its last reading."""
+    values = data[column].dropna() if column in data else pd.Series(dtype=float)
+    return float(values.iloc[-1] - values.iloc[0]) if len(values) > 1 else math.nan
+
+
+def outside_cpu(samples: pd.DataFrame) -> dict[str, float]:
+    """CPU seconds per second of the run, all CPUs of the host: `host_busy` (their busy
+    time), `run_busy` (the run's processes, `process_cpu`), `outside_busy` (the difference:
+    what else ran there, the kernel's own threads included) and `steal_per_s` (time the
+    hypervisor gave another guest). Why: a run that met other work on its 2 CPUs is slower
+    by that, which no model of the run can predict; NaN in runs without host counters."""
+    busy = [c for c in samples.columns if c.startswith(HOST_KEY_PREFIX) and c.endswith("_busy_s")]
+    nan = {"host_busy": math.nan, "run_busy": math.nan, "outside_busy": math.nan,
+           "steal_per_s": math.nan}
+    if not busy or len(samples) < 2:
+        return nan
+    data = samples.sort_values("time_s")
+    elapsed_s = float(data["time_s"].iloc[-1] - data["time_s"].iloc[0])
+    host = sum(_growth(data, c) for c in busy) / elapsed_s
+    steal = sum(_growth(data, c.replace("_busy_s", "_steal_s")) for c in busy) / elapsed_s
+    run = float(process_cpu(samples).cpu_busy.sum())
+    return {"host_busy": host, "run_busy": run, "outside_busy": host - run,
+            "steal_per_s": steal}
+
+
 def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
     """What each process role of a live run did between its first and last sample: CPUs
     busy (user + system seconds per second of the run) and involuntary context switches per
@@ -649,8 +680,7 @@ def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
     elapsed_s = float(data["time_s"].iloc[-1] - data["time_s"].iloc[0])
 
     def grew(column: str) -> float:
-        values = data[column].dropna() if column in data else pd.Series(dtype=float)
-        return float(values.iloc[-1] - values.iloc[0]) if len(values) > 1 else math.nan
+        return _growth(data, column)
 
     rows = [{"role": role,
              "cpu_busy": (grew(f"proc_{role}_cpu_user_s") + grew(f"proc_{role}_cpu_system_s"))

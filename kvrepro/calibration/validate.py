@@ -58,6 +58,7 @@ the twin must reproduce the lone requests of the fit run (`FIT_RUN`) that its
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import time
 from collections.abc import Mapping
@@ -430,6 +431,15 @@ def predicted_metrics(meta: Mapping[str, Any], profile: SimProfile) -> dict[str,
     return metrics
 
 
+def live_run_metrics(run: Run) -> dict[str, float]:
+    """A live run's validation metrics over its window (`run_window`)."""
+    window = run_window(run)
+    samples = run.samples.assign(tier=run.meta["tier"])
+    return run_metrics(run.records, window,
+                       live_offload_metrics(samples, window) if not samples.empty else None,
+                       live_counter_metrics(samples, window) if not samples.empty else None)
+
+
 def compare_run(run_dir: str | Path, profile: SimProfile,
                 run_name: str | None = None) -> RunComparison:
     """Simulate one live run's workload on its tier, on the twin and on its null twin, and
@@ -438,10 +448,7 @@ def compare_run(run_dir: str | Path, profile: SimProfile,
     window = run_window(run)
     sim, result, tier, wall_s = _sim_metrics(run, profile, window)
     null = _sim_metrics(run, null_profile(profile), window)[0]
-    samples = run.samples.assign(tier=run.meta["tier"])
-    live = run_metrics(run.records, window,
-                       live_offload_metrics(samples, window) if not samples.empty else None,
-                       live_counter_metrics(samples, window) if not samples.empty else None)
+    live = live_run_metrics(run)
     if tier.skip_l1:  # LMCache's L1 only passes the disk's chunks through: no L1 hits, and
         for metric in ("l1_hit_share", "l1_fill_s"):  # its evictions are churn, not a fill
             live[metric] = sim[metric] = null[metric] = math.nan
@@ -580,6 +587,37 @@ def drift_table(profile: SimProfile, live_dir: str | Path | None = None,
     table.columns = [f"{kind}_{run}" for kind, run in table.columns]
     change = (table["live_probe"] / table["live_fit"] - 1.0) * 100.0
     return table.assign(live_change_pct=change.where(~table.index.str.contains("residual")))
+
+
+REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat")
+"""data/live/<name>: the fit campaign's command recorded at three times, oldest first: the fit
+run (2026-12-02), the drift probe (its baseline tier, 2026-12-05 03:10 UTC) and a replicate of
+all three tiers (2026-12-05 04:49 UTC; its run.sh calls the fit's)."""
+
+
+def replication_table(live_dir: str | Path | None = None,
+                      tiers: tuple[str, ...] = LIVE_TIERS) -> pd.DataFrame:
+    """The live stack against itself: for every two recordings of the fit command
+    (`REPLICATES`) that hold a tier, each validation metric of the later one against the
+    earlier one, in the twin's error units (`metric_error`), with the hours between their
+    starts. Why: a twin that predicted the earlier run exactly would miss the later one by
+    this much, so it is the floor under the twin's error on runs recorded at another time,
+    and what an accuracy goal can be compared with."""
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    rows = []
+    for tier in tiers:
+        runs = [read_run(root / name / tier) for name in REPLICATES
+                if (root / name / tier / "meta.json").exists()]
+        metrics = [live_run_metrics(run) for run in runs]
+        for i, j in itertools.combinations(range(len(runs)), 2):
+            hours = (pd.Timestamp(runs[j].meta["started_utc"])
+                     - pd.Timestamp(runs[i].meta["started_utc"])).total_seconds() / 3600
+            rows += [{"earlier": runs[i].path.parent.name, "later": runs[j].path.parent.name,
+                      "tier": tier, "hours_apart": hours, "metric": m,
+                      "earlier_value": metrics[i][m], "later_value": metrics[j][m],
+                      "change": metric_error(m, metrics[i][m], metrics[j][m]),
+                      "change_unit": error_unit(m)} for m in METRICS]
+    return pd.DataFrame(rows)
 
 
 def disturbance_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
@@ -899,6 +937,7 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "redrawn", "set_of", "DRIFT_ROOT", "drift_table",
+           "REPLICATES", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",

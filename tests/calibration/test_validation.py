@@ -426,3 +426,23 @@ def test_drift_table_is_zero_where_the_probe_is_the_fit_run(shipped, tmp_path: P
     shipped_probe = validate.drift_table(shipped[0])
     assert shipped_probe.loc["decode_step_mean_s", "n_probe"] > 0
     assert math.isfinite(shipped_probe.loc["decode_step_mean_s", "live_change_pct"])
+
+
+def test_replication_table_is_zero_where_a_recording_repeats_itself(tmp_path: Path) -> None:
+    """The same recording under two replicate names changes nothing; the shipped replicates
+    are paired oldest first, each pair's later start after its earlier one."""
+    for name in validate.REPLICATES[:2]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "small-kv").symlink_to(data_file("live", validate.FIT_RUN,
+                                                            "small-kv"))
+    same = validate.replication_table(tmp_path, tiers=("small-kv",))
+    assert set(same.metric) == set(validate.METRICS)
+    assert (same.change.dropna() == 0).all() and same.change.notna().sum() >= 6
+    shipped = validate.replication_table()
+    pairs = shipped.groupby(["earlier", "later", "tier"]).hours_apart.first()
+    assert len(pairs) == 5 and (pairs > 0).all()  # small-kv: 3 recordings; dram, flash: 2
+    ttft = shipped[shipped.metric == "ttft_median_s"].set_index(["earlier", "later", "tier"])
+    assert ttft.change.notna().all()
+    row = ttft.loc[(validate.FIT_RUN, validate.REPLICATES[2], "dram")]
+    assert row.change == pytest.approx(
+        100 * (row.later_value - row.earlier_value) / row.earlier_value)

@@ -63,7 +63,7 @@ from kvrepro.engines.live.ownership import (
     store_folder_owner,
 )
 from kvrepro.engines.live.pins import requirement
-from kvrepro.engines.live.placement import ProcessAccounting, pinned_client
+from kvrepro.engines.live.placement import ProcessAccounting, pinned_client, speed_probe
 from kvrepro.engines.live.processes import (
     ManagedProcess,
     ServerError,
@@ -618,7 +618,8 @@ def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
     options = options or FleetOptions()
     run_dir = Path(run_dir)
     labels = {"kv_pool": fleet.kv_pool, "routing": fleet.routing}
-    with RunWriter(run_dir, _fleet_meta(fleet, workload, options)) as writer:
+    meta = {**_fleet_meta(fleet, workload, options), "speed_probe": {"before": speed_probe()}}
+    with RunWriter(run_dir, meta) as writer:
         deployment = FleetDeployment(fleet, run_dir, options.python, options.pin_cpus,
                                      options.router)
         try:
@@ -638,6 +639,7 @@ def run_fleet(fleet: FleetSpec, workload: Workload, run_dir: str | Path,
         finally:
             writer.meta["cleaned_up"] = deployment.cleaned
         writer.meta["client"] = stats.as_dict()
+        writer.meta["speed_probe"]["after"] = speed_probe()
     return stats
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from kvrepro.analysis.runs import PROCESS_SUFFIXES
+from kvrepro.analysis.runs import HOST_KEY_PREFIX, PROCESS_SUFFIXES
 from kvrepro.tier_spec import Placement
 
 BINDING_HEADER = "OpenMP thread binding info"
@@ -208,6 +209,40 @@ def pinned_client(cpus: frozenset[int] | None) -> Iterator[None]:
                 continue
 
 
+PROBE_REPEATS = 7
+
+
+def _probe_work() -> int:
+    """A fixed piece of pure-Python work (~30 ms here): integer and string arithmetic, a
+    dict built and sorted, the kind of interpreter work vLLM's host side does per step."""
+    total = 0
+    for i in range(250_000):
+        total += len(str(i * 7919)) ^ (i & 15)
+    squares = {i: i * i for i in range(30_000)}
+    return total + sorted(squares.values(), reverse=True)[0]
+
+
+def speed_probe(cpus: frozenset[int] | None = None,
+                repeats: int = PROBE_REPEATS) -> dict[str, float]:
+    """The median wall seconds of `_probe_work` on each CPU of `cpus` (default: every CPU
+    this process may use), this process pinned there meanwhile: `cpu<N>_s`. Recorded before
+    and after each live run (meta.json's `speed_probe`). Why: the same command recorded on
+    other days or hours ran up to 80 % faster or slower here
+    (`calibration.validate.replication_table`); a run that carries how fast its CPUs ran
+    the same fixed work can be told apart from one that met a slower machine."""
+    cpus = cpus if cpus is not None else frozenset(os.sched_getaffinity(0))
+    out: dict[str, float] = {}
+    for cpu in sorted(cpus):
+        with pinned_client(frozenset({cpu})):
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                _probe_work()
+                times.append(time.perf_counter() - start)
+        out[f"cpu{cpu}_s"] = sorted(times)[len(times) // 2]
+    return out
+
+
 class ProcessAccounting:
     """CPU seconds (user, system), involuntary context switches and the main thread's run
     queue wait of the run's processes, by role, as cumulative sample keys
@@ -236,10 +271,11 @@ class ProcessAccounting:
             return
 
     def sample(self) -> dict[str, float]:
-        """The current totals by role (every process seen so far)."""
+        """The current totals by role (every process seen so far), and the host's CPUs'
+        (`host_cpu_times`)."""
         for pid, role in self._roles().items():
             self._read(pid, role)
-        out: dict[str, float] = {}
+        out: dict[str, float] = host_cpu_times()
         for role, *values in self._last.values():
             for suffix, value in zip(PROCESS_SUFFIXES, values, strict=True):
                 if value != value:  # NaN: the kernel keeps no run queue wait
@@ -247,6 +283,34 @@ class ProcessAccounting:
                 name = f"proc_{role}{suffix}"
                 out[name] = out.get(name, 0.0) + float(value)
         return out
+
+
+BUSY_FIELDS = (0, 1, 2, 5, 6)
+"""/proc/stat's per-CPU fields counted busy: user, nice, system, irq, softirq (guest time is
+inside user); idle and iowait are not, steal (the hypervisor ran another guest while this
+CPU had work) is kept apart."""
+
+
+def host_cpu_times(stat: str | None = None) -> dict[str, float]:
+    """Cumulative seconds each CPU of the host was busy (`host_cpu<N>_busy_s`, `BUSY_FIELDS`)
+    and stolen (`host_cpu<N>_steal_s`), from /proc/stat (or its text `stat`); {} where
+    unreadable. Why: the CPUs' busy time less the run's processes' CPU time is what ran there
+    outside the run (`analysis.runs.outside_cpu`): the check that a run met a quiet machine,
+    which its own processes' accounting cannot give."""
+    try:
+        text = stat if stat is not None else Path("/proc/stat").read_text()
+    except OSError:
+        return {}
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit()) or len(fields) < 8:
+            continue
+        ticks = [int(f) for f in fields]
+        out[f"{HOST_KEY_PREFIX}{name[3:]}_busy_s"] = sum(ticks[i] for i in BUSY_FIELDS) * tick_s
+        out[f"{HOST_KEY_PREFIX}{name[3:]}_steal_s"] = ticks[7] * tick_s
+    return out
 
 
 def runqueue_wait_s(pid: int) -> float:
@@ -260,10 +324,11 @@ def runqueue_wait_s(pid: int) -> float:
 
 def is_process_key(key: str) -> bool:
     """Whether a sample key is one of `ProcessAccounting`'s cumulative counters."""
-    return key.startswith("proc_") and key.endswith(PROCESS_SUFFIXES)
+    return (key.startswith("proc_") and key.endswith(PROCESS_SUFFIXES)) or (
+        key.startswith(HOST_KEY_PREFIX) and key.endswith(("_busy_s", "_steal_s")))
 
 
-__all__ = ["ProcessAccounting", "affinities", "affinity_summary", "is_process_key",
-           "pin_process", "pin_vllm", "pinned_client", "preexec", "read_binding", "runqueue_wait_s",
-           "union",
-           "vllm_binding", "vllm_env", "vllm_processes"]
+__all__ = ["ProcessAccounting", "affinities", "affinity_summary", "host_cpu_times",
+           "is_process_key", "pin_process", "pin_vllm", "pinned_client", "preexec",
+           "read_binding", "runqueue_wait_s", "speed_probe", "union", "vllm_binding",
+           "vllm_env", "vllm_processes"]

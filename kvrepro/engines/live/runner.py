@@ -29,6 +29,7 @@ from kvrepro.engines.live.placement import (
     affinities,
     affinity_summary,
     pinned_client,
+    speed_probe,
 )
 from kvrepro.engines.live.server import ServerError, VllmServer
 from kvrepro.engines.live.tiers import TierConfig, live_tier, server_record
@@ -110,6 +111,7 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
     if server is not None:
         meta["server_spec"] = server_record(server)
     meta["started_utc"] = datetime.now(UTC).isoformat(timespec="seconds")
+    meta["speed_probe"] = {"before": speed_probe()}
     with RunWriter(run_dir, meta) as writer:
         with VllmServer(tier, run_dir, python=options.python) as deployed:
             writer.meta["startup_s"] = deployed.wait_healthy()
@@ -127,6 +129,7 @@ def run_tier(tier: TierConfig, workload: Workload, run_dir: str | Path,
                                            options.sample_interval_s))
         writer.meta["cleaned_up"] = deployed.cleaned
         writer.meta["client"] = stats.as_dict()
+        writer.meta["speed_probe"]["after"] = speed_probe()
     return stats
 
 

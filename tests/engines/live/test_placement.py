@@ -10,15 +10,19 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
+from kvrepro.analysis.runs import outside_cpu
 from kvrepro.engines.live.placement import (
     ProcessAccounting,
     affinities,
+    host_cpu_times,
     pin_process,
     pinned_client,
     preexec,
     runqueue_wait_s,
+    speed_probe,
     vllm_binding,
     vllm_env,
 )
@@ -139,6 +143,60 @@ def test_the_run_queue_wait_counts_the_time_another_process_had_the_cpu(tmp_path
     finally:
         for proc in procs:
             proc.stop(grace_s=2)
+
+
+def test_host_cpu_times_counts_busy_states_and_keeps_steal_apart() -> None:
+    tick_s = 1.0 / os.sysconf("SC_CLK_TCK")
+    stat = ("cpu  9 9 9 9 9 9 9 9 0 0\n"
+            "cpu0 100 10 20 5000 70 3 4 50 0 0\nintr 1 2 3\n")
+    times = host_cpu_times(stat)
+    assert times == pytest.approx({"host_cpu0_busy_s": 137 * tick_s,
+                                   "host_cpu0_steal_s": 50 * tick_s})
+    assert set(host_cpu_times()) >= {f"host_cpu{c}_busy_s" for c in CPUS}
+
+
+def test_a_process_outside_the_run_shows_as_outside_cpu(tmp_path: Path) -> None:
+    """A spinner the run does not own adds to the host's busy time and not to the run's:
+    outside_cpu sees it (real processes, the real /proc/stat)."""
+    cpu = frozenset({CPUS[-1]})
+    procs = [ManagedProcess(name, [sys.executable, "-c", _SPIN.format(s=1.6)],
+                            tmp_path / f"{name}.log", dict(os.environ), "http://127.0.0.1:9/h",
+                            cpus=cpu) for name in ("owned", "outsider")]
+    for proc in procs:
+        proc.start()
+    try:
+        accounting = ProcessAccounting(lambda: {procs[0].process.pid: "worker"})
+        time.sleep(0.2)
+        first = {"time_s": time.monotonic(), **accounting.sample()}
+        time.sleep(1.0)
+        later = {"time_s": time.monotonic(), **accounting.sample()}
+    finally:
+        for proc in procs:
+            proc.stop(grace_s=2)
+    cpu = outside_cpu(pd.DataFrame([first, later]))
+    assert 0.3 < cpu["run_busy"] < 0.7, cpu  # two spinners share one CPU
+    assert cpu["outside_busy"] > 0.3, cpu
+    assert cpu["host_busy"] == pytest.approx(cpu["run_busy"] + cpu["outside_busy"])
+
+
+def test_the_speed_probe_slows_where_another_process_shares_the_cpu(tmp_path: Path) -> None:
+    """The probe times the CPU it gets: with a spinner on the same CPU it takes about twice
+    as long as alone (the kernel's fair share), and this process's CPUs are as before."""
+    cpu = frozenset({CPUS[-1]})
+    before = os.sched_getaffinity(0)
+    alone = speed_probe(cpu)[f"cpu{CPUS[-1]}_s"]
+    spinner = ManagedProcess("spinner", [sys.executable, "-c", _SPIN.format(s=3.0)],
+                             tmp_path / "spin.log", dict(os.environ), "http://127.0.0.1:9/h",
+                             cpus=cpu)
+    spinner.start()
+    try:
+        time.sleep(0.2)
+        shared = speed_probe(cpu)[f"cpu{CPUS[-1]}_s"]
+    finally:
+        spinner.stop(grace_s=2)
+    assert shared > 1.4 * alone, (alone, shared)
+    assert os.sched_getaffinity(0) == before
+    assert set(speed_probe()) == {f"cpu{c}_s" for c in before}
 
 
 def test_pinning_moves_every_thread_and_the_client_pin_is_undone() -> None:
