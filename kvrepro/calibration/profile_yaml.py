@@ -39,7 +39,7 @@ from kvrepro._paths import data_file
 from kvrepro.calibration.fit import FitResult, fit_live_campaign, tier_folders
 from kvrepro.calibration.fit_host import demand_path, measured_host_cpu
 from kvrepro.calibration.fit_offload import OffloadFit, fit_offload_tier
-from kvrepro.calibration.validate import FITTED_PARAMETERS
+from kvrepro.calibration.validate import FITTED_PARAMETERS, LIVE_TIERS, REPLICATES
 from kvrepro.engines.live.tiers import read_tier_config
 from kvrepro.engines.sim.config import SimProfile, load_profile, sim_profile
 from kvrepro.records import read_run
@@ -563,6 +563,29 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     return fit, fits, load_profile(path), path
 
 
+def replicate_fits(out_dir: str | Path, live_dir: str | Path | None = None,
+                   stated_spec: StatedSpec = None
+                   ) -> tuple[pd.DataFrame, dict[str, SimProfile]]:
+    """The fit routine run on each recording of the fit command that has all its tiers
+    (`validate.REPLICATES`), each spec written to `out_dir/<recording>/` (where the profiles
+    read their host CPU demand): the fitted values side by side (`parameter, unit` and a
+    column per recording, in `fitted_parameters`' units) and the fitted profiles by
+    recording. Why: the same command recorded twice on a quiet machine gives other
+    constants; how far they move is what a guard of the fitted values can ask of them, and a
+    twin fitted on one recording can be scored on runs of its hour."""
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    columns, profiles = {}, {}
+    for name in REPLICATES:
+        if not all((root / name / t / "meta.json").exists() for t in LIVE_TIERS):
+            continue
+        (Path(out_dir) / name).mkdir(parents=True, exist_ok=True)
+        profiles[name] = fit_and_write(root / name, Path(out_dir) / name / "spec.yaml",
+                                       stated_spec=stated_spec)[2]
+        table = fitted_parameters(profiles[name])
+        columns[name] = table[table.kind == "fitted"].set_index(["parameter", "unit"]).value
+    return pd.DataFrame(columns).reset_index(), profiles
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
     args = sys.argv[1:] if argv is None else argv
@@ -580,6 +603,7 @@ def main(argv: list[str] | None = None) -> None:
 
 __all__ = ["COST_NOTES", "FIT_START_READ_BW", "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText",
            "StatedSpec", "fit_and_write", "fitted_parameters", "main", "read_stated",
+           "replicate_fits",
            "spec_text", "stated_baselines", "stated_lmcache_tiers", "write_profile_yaml"]
 
 

@@ -73,6 +73,7 @@ from kvrepro._checks import load_yaml
 from kvrepro._paths import data_file
 from kvrepro.analysis.runs import (
     fill_time_s,
+    outside_cpu,
     process_cpu,
     prompt_split,
     prompt_tokens_by_source,
@@ -539,6 +540,18 @@ def shipped_runs(live_dir: str | Path | None = None,
     return runs
 
 
+def lone_decoders(records: pd.DataFrame) -> pd.DataFrame:
+    """The requests alone on the server from send to finish with more than 4 output tokens:
+    their decode steps are the machine's and the step model's, nothing else's."""
+    return records[isolated(records) & (records["output_tokens"] > 4)]
+
+
+def decode_step_s(records: pd.DataFrame) -> pd.Series:
+    """Each request's mean decode step: the time from its first to its last token over the
+    steps between them."""
+    return (records["finish_s"] - records["first_token_s"]) / (records["output_tokens"] - 1)
+
+
 def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]:
     """How far a live run's lone decode steps sit from the twin's step model: a check that
     the machine was quiet (other work on the 2 cores slows every step; no engine model can
@@ -547,14 +560,13 @@ def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]
     run = read_run(run_dir)
     deployed = profile_for_run(profile, run.meta)
     s, t = deployed.server, deployed.tier(run.meta["tier"])
-    rec = run.records
-    lone = rec[isolated(rec) & (rec["output_tokens"] > 4)]
+    lone = lone_decoders(run.records)
     model = s.model_spec()
     ctx = lone["prompt_tokens"] + lone["output_tokens"] / 2
     step_s = (s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s
               + (model.active_weight_bytes + ctx * model.kv_bytes_per_token)
               / (s.mem_bw_tb_s * 1e12 * s.decode_efficiency))
-    res_s = (lone["finish_s"] - lone["first_token_s"]) / (lone["output_tokens"] - 1) - step_s
+    res_s = decode_step_s(lone) - step_s
     return {"tier": run.meta["tier"], "n_lone": int(len(lone)),
             "decode_residual_median_ms": float(1e3 * res_s.median()),
             "decode_residual_p90_ms": float(1e3 * res_s.quantile(0.9)),
@@ -589,10 +601,33 @@ def drift_table(profile: SimProfile, live_dir: str | Path | None = None,
     return table.assign(live_change_pct=change.where(~table.index.str.contains("residual")))
 
 
-REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat")
-"""data/live/<name>: the fit campaign's command recorded at three times, oldest first: the fit
-run (2026-12-02), the drift probe (its baseline tier, 2026-12-05 03:10 UTC) and a replicate of
-all three tiers (2026-12-05 04:49 UTC; its run.sh calls the fit's)."""
+REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat", "cpu_tiny_fit_repeat2")
+"""data/live/<name>: the fit campaign's command recorded at four times, oldest first: the fit
+run (2026-12-02 06:55 UTC), the drift probe (its baseline tier, 2026-12-05 03:10) and two
+replicates of all three tiers (2026-12-05 04:49 and 05:12; their run.sh call the fit's, the
+second's runs carry the speed probe and the host's CPU counters)."""
+
+
+def replicate_conditions(live_dir: str | Path | None = None,
+                         tiers: tuple[str, ...] = LIVE_TIERS) -> pd.DataFrame:
+    """What each recording of `REPLICATES` met: its start, its lone requests' median decode
+    step (ms), the speed probe before and after it (ms per CPU, meta.json) and the CPU that
+    ran outside it (`analysis.runs.outside_cpu`); NaN where a run predates a measurement."""
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    rows = []
+    for name in REPLICATES:
+        for tier in tiers:
+            if not (root / name / tier / "meta.json").exists():
+                continue
+            run = read_run(root / name / tier)
+            step_s = decode_step_s(lone_decoders(run.records))
+            probe = run.meta.get("speed_probe", {})
+            rows.append({"run": name, "tier": tier, "started_utc": run.meta["started_utc"],
+                         "lone_decode_step_ms": 1e3 * float(step_s.median()),
+                         **{f"probe_{when}_{cpu}": 1e3 * seconds
+                            for when, by_cpu in probe.items() for cpu, seconds in by_cpu.items()},
+                         **outside_cpu(run.samples)})
+    return pd.DataFrame(rows)
 
 
 def replication_table(live_dir: str | Path | None = None,
@@ -937,7 +972,7 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "redrawn", "set_of", "DRIFT_ROOT", "drift_table",
-           "REPLICATES", "replication_table", "live_run_metrics",
+           "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",

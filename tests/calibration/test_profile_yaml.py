@@ -109,3 +109,24 @@ def test_a_fitted_tier_the_stated_spec_lacks_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"fitted tiers \['flash'\] are not LMCache tiers"):
         profile_yaml.spec_text(fit, fresh, offload_fits=fits, lmcache_tiers=True,
                                stated_spec=stated)
+
+
+def test_replicate_fits_refit_every_full_recording_of_the_fit_command(tmp_path: Path) -> None:
+    """The fit run's column is the shipped spec's fitted values (the routine on the same
+    folder); a recording without all its tiers is left out; another recording's fit is its
+    own (the same command a few hours later gives another step overhead)."""
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in (validate.FIT_RUN, validate.DRIFT_ROOT, validate.REPLICATES[-1]):
+        (live / name).symlink_to(data_file("live", name))
+    table, profiles = profile_yaml.replicate_fits(tmp_path / "fits", live, stated_spec=data_file(
+        "servers", "cpu_tiny.yaml"))
+    assert list(profiles) == [validate.FIT_RUN, validate.REPLICATES[-1]]  # the probe: 1 tier
+    shipped = profile_yaml.fitted_parameters(load_profile(data_file("servers", "cpu_tiny.yaml")))
+    shipped = shipped[shipped.kind == "fitted"].set_index("parameter").value
+    values = table.set_index("parameter")
+    assert set(values.index) == set(validate.FITTED_PARAMETERS)
+    assert values[validate.FIT_RUN].to_dict() == pytest.approx(shipped.to_dict())
+    assert (tmp_path / "fits" / validate.FIT_RUN / "spec.yaml").exists()
+    step = values.loc["step_overhead_s"]
+    assert step[validate.REPLICATES[-1]] != pytest.approx(step[validate.FIT_RUN], rel=0.05)

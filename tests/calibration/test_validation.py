@@ -440,9 +440,24 @@ def test_replication_table_is_zero_where_a_recording_repeats_itself(tmp_path: Pa
     assert (same.change.dropna() == 0).all() and same.change.notna().sum() >= 6
     shipped = validate.replication_table()
     pairs = shipped.groupby(["earlier", "later", "tier"]).hours_apart.first()
-    assert len(pairs) == 5 and (pairs > 0).all()  # small-kv: 3 recordings; dram, flash: 2
+    recorded = {t: sum((data_file("live", n) / t / "meta.json").exists()
+                       for n in validate.REPLICATES) for t in validate.LIVE_TIERS}
+    assert recorded == {"small-kv": 4, "dram": 3, "flash": 3}
+    assert len(pairs) == sum(n * (n - 1) // 2 for n in recorded.values())
+    assert (pairs > 0).all()
     ttft = shipped[shipped.metric == "ttft_median_s"].set_index(["earlier", "later", "tier"])
     assert ttft.change.notna().all()
-    row = ttft.loc[(validate.FIT_RUN, validate.REPLICATES[2], "dram")]
+    row = ttft.loc[(validate.FIT_RUN, validate.REPLICATES[-1], "dram")]
     assert row.change == pytest.approx(
         100 * (row.later_value - row.earlier_value) / row.earlier_value)
+
+
+def test_replicate_conditions_read_the_probe_and_the_outside_cpu() -> None:
+    """The newest replicate carries the speed probe and the host counters; older runs NaN."""
+    table = validate.replicate_conditions().set_index(["run", "tier"])
+    newest = table.loc[validate.REPLICATES[-1]]
+    assert (newest.filter(like="probe_").notna().all(axis=None)
+            and (newest.filter(like="probe_") > 0).all(axis=None))
+    assert newest.outside_busy.between(-0.05, 0.05).all(), newest.outside_busy
+    assert table.loc[validate.FIT_RUN].host_busy.isna().all()
+    assert (table.lone_decode_step_ms > 0).all()

@@ -224,22 +224,25 @@ def _probe_work() -> int:
 
 def speed_probe(cpus: frozenset[int] | None = None,
                 repeats: int = PROBE_REPEATS) -> dict[str, float]:
-    """The median wall seconds of `_probe_work` on each CPU of `cpus` (default: every CPU
-    this process may use), this process pinned there meanwhile: `cpu<N>_s`. Recorded before
-    and after each live run (meta.json's `speed_probe`). Why: the same command recorded on
-    other days or hours ran up to 80 % faster or slower here
-    (`calibration.validate.replication_table`); a run that carries how fast its CPUs ran
-    the same fixed work can be told apart from one that met a slower machine."""
+    """`_probe_work` on each CPU of `cpus` (default: every CPU this process may use), this
+    process pinned there meanwhile: the median wall seconds (`cpu<N>_s`) and the median CPU
+    seconds of the thread doing it (`cpu<N>_cpu_s`). Recorded before and after each live run
+    (meta.json's `speed_probe`). Why: the same command recorded on other days or hours ran
+    up to 80 % faster or slower here (`calibration.validate.replication_table`); the CPU
+    seconds of a fixed piece of work say how fast the CPU itself ran, the wall seconds also
+    how much of it another task took."""
     cpus = cpus if cpus is not None else frozenset(os.sched_getaffinity(0))
     out: dict[str, float] = {}
     for cpu in sorted(cpus):
         with pinned_client(frozenset({cpu})):
-            times = []
+            wall, busy = [], []
             for _ in range(repeats):
-                start = time.perf_counter()
+                start_s, start_cpu_s = time.perf_counter(), time.thread_time()
                 _probe_work()
-                times.append(time.perf_counter() - start)
-        out[f"cpu{cpu}_s"] = sorted(times)[len(times) // 2]
+                wall.append(time.perf_counter() - start_s)
+                busy.append(time.thread_time() - start_cpu_s)
+        out[f"cpu{cpu}_s"] = sorted(wall)[len(wall) // 2]
+        out[f"cpu{cpu}_cpu_s"] = sorted(busy)[len(busy) // 2]
     return out
 
 
