@@ -50,7 +50,7 @@ __all__ = ["CAPACITY_ALIASES", "TINY_MODEL", "DriveArray", "EngineSpec", "Hardwa
            "LMCacheFlags", "LiveSpec", "Placement", "ServerSpec", "StoreBase", "StoreModel",
            "StoreSpec", "TierModel", "TierSpec", "TwinRates", "TwinSpec", "load_server",
            "normalize_raid_level", "override_server", "parse_cpu_list", "raid_data_drives",
-           "raid_write_factor", "set_dotted", "shipped_server", "with_lmcache_flag"]
+           "raid_write_factor", "set_dotted", "shipped_server"]
 
 TINY_MODEL = "kvrepro:tiny"
 
@@ -463,15 +463,6 @@ def demand_from(spec: ServerSpec, folder: str | Path) -> ServerSpec:
     demand = str(Path(folder).resolve() / spec.host_cpu.demand_csv)
     return spec.model_copy(update={"host_cpu": spec.host_cpu.model_copy(
         update={"demand_csv": demand})})
-
-
-def with_lmcache_flag(spec: ServerSpec, flag: str, value: Any) -> ServerSpec:
-    """`spec` with one LMCache flag set on every tier that has offload stores (a what-if)."""
-    if flag not in LMCacheFlags.model_fields:
-        known = sorted(LMCacheFlags.model_fields)
-        raise ValueError(f"unknown LMCache flag {flag!r}; known: {known}")
-    return override_server(spec, {f"tiers.{name}.lmcache.{flag}": value
-                                  for name, tier in spec.tiers.items() if tier.stores})
 
 
 def is_shipped_name(text: str) -> bool:

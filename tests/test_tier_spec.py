@@ -19,7 +19,7 @@ from kvrepro.engines.live.server import with_free_ports
 from kvrepro.engines.live.tiers import RUN_DISK_DIR, live_tiers, lmcache_config, server_command
 from kvrepro.engines.sim import load_profile, sim_profile, simulate
 from kvrepro.studies.economics_quotes import study_a_tiers
-from kvrepro.tier_spec import load_server, override_server, shipped_server, with_lmcache_flag
+from kvrepro.tier_spec import load_server, override_server, shipped_server
 from kvrepro.workload import AgenticSpec, generate_agentic
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,15 +126,6 @@ def test_lmcache_defaults_reach_both_engines() -> None:
     on = override_server(spec, {"tiers.flash.lmcache.enable_async_loading": True})
     assert lmcache_config(live_tiers(on)["flash"])["enable_async_loading"] is True
     assert sim_profile(on).tiers["flash"].load_async is True
-
-
-def test_one_flag_on_every_offload_tier() -> None:
-    spec = with_lmcache_flag(_without_lmcache_flags(shipped_server("study_a")),
-                             "enable_async_loading", True)
-    flags = {name: t.lmcache.enable_async_loading for name, t in spec.tiers.items()}
-    assert flags == {"baseline": False, "dram": True, "flash": True}
-    with pytest.raises(ValueError, match="unknown LMCache flag 'async'"):
-        with_lmcache_flag(spec, "async", True)
 
 
 def test_dram_gb_what_if_reaches_the_simulator_the_server_and_the_bill() -> None:
@@ -288,10 +279,12 @@ def test_both_engines_share_the_end_of_run_rule() -> None:
 def test_multi_process_lmcache_takes_asynchronous_loads_and_refuses_what_it_cannot_set() -> None:
     from kvrepro.engines.live.tiers import live_tier
 
-    spec = with_lmcache_flag(shipped_server("study_a"), "enable_async_loading", True)
+    spec = override_server(shipped_server("study_a"), {
+        f"tiers.{t}.lmcache.enable_async_loading": True for t in ("dram", "flash")})
     assert live_tier(spec, "dram", "multi_process").lmcache_mp is not None  # it always does
     assert sim_profile(override_server(spec, {"live.lmcache_mode": "multi_process"})
                        ).tiers["dram"].load_async
-    decode = with_lmcache_flag(spec, "save_decode_cache", True)
+    decode = override_server(spec, {f"tiers.{t}.lmcache.save_decode_cache": True
+                                    for t in ("dram", "flash")})
     with pytest.raises(ValueError, match=r"tier 'dram': lmcache \['save_decode_cache'\] have no"):
         live_tier(decode, "dram", "multi_process")

@@ -1,13 +1,15 @@
 """Study A's sensitivities on the simulator: the same campaign with one thing changed.
 
 Notebook 04 asks how study A's headlines move when one setting of the twin or the workload
-changes: LMCache's load mode, a load client that caps the requests in flight, a DRAM store
-that keeps what it holds once full, another seed. Each sweep here simulates only what
-changes (the tiers it concerns), keeps the base run's other tiers beside them, reads the
-headlines with the notebook's `StudyASettings` (`study_a_headlines`: the bins and smoothing its
-figures draw) and returns a `Sweep`: one tidy frame, the `check_targets` table of every
-variant stacked with a column naming the variant, and the variants' runs. `reproduced_by`,
-`met_by` and `met_matrix` reshape that frame for display, so no notebook cell loops.
+changes: a load client that caps the requests in flight, a DRAM store that keeps what it
+holds once full, another seed (LMCache's load mode is a free parameter of the calibration,
+whose recorded effects at both modes notebook 04 shows: `calibration.result.effects`).
+Each sweep here simulates only what changes (the tiers it concerns), keeps the base run's
+other tiers beside them, reads the headlines with the notebook's `StudyASettings`
+(`study_a_headlines`: the bins and smoothing its figures draw) and returns a `Sweep`: one
+tidy frame, the `check_targets` table of every variant stacked with a column naming the
+variant, and the variants' runs. `reproduced_by`, `met_by` and `met_matrix` reshape that
+frame for display, so no notebook cell loops.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kvrepro.engines.sim.campaign import simulate_campaign
 from kvrepro.studies.reference import compare
 from kvrepro.studies.study_a import check_targets, targets_met
 from kvrepro.studies.study_a_headlines import StudyASettings, study_a_headlines
-from kvrepro.tier_spec import ServerSpec, override_server, with_lmcache_flag
+from kvrepro.tier_spec import ServerSpec, override_server
 from kvrepro.workload.base import Workload
 
 Run = tuple[pd.DataFrame, pd.DataFrame]
@@ -85,25 +87,6 @@ def _simulate(workload: Workload, spec: ServerSpec, tiers: Sequence[str], warmup
               max_in_flight: int | None = None) -> Callable[[], Run]:
     return lambda: simulate_campaign(workload, spec, list(tiers), warmup_s=warmup_s,
                                      progress=False, max_in_flight=max_in_flight)
-
-
-def load_mode_sweep(workload: Workload, spec: ServerSpec, base: Run, settings: StudyASettings,
-                    warmup_s: float = 0.0, max_in_flight: int | None = None) -> Sweep:
-    """The base run next to the same campaign with LMCache's `enable_async_loading` flipped
-    on every offload tier of `base` (column `loads`: "sync" / "async"; the spec's own mode
-    is the base; `max_in_flight` the base's client cap). Why: study A does not state its
-    load mode; the calibration chose one, and this shows what the other would change."""
-    offload = [t for t in _tiers(base) if spec.tier(t).stores]
-    if not offload:
-        raise ValueError(f"load_mode_sweep: no tier of the base run {_tiers(base)} has "
-                         "offload stores")
-    spec_async = spec.tier(offload[0]).lmcache.enable_async_loading
-    other = with_lmcache_flag(spec, "enable_async_loading", not spec_async)
-    labels = ("async", "sync") if spec_async else ("sync", "async")
-    return sweep_variants(base, {labels[0]: None,
-                                 labels[1]: _simulate(workload, other, offload, warmup_s,
-                                                      max_in_flight)},
-                          settings, "loads")
 
 
 def _limit_label(limit: int | None) -> str:

@@ -93,21 +93,6 @@ def test_in_flight_sweep_caps_requests_and_matches_a_direct_run(spec, settings, 
         sens.in_flight_sweep(make_workload(0), spec, base, [0], settings)
 
 
-def test_load_mode_sweep_reruns_the_offload_tiers_only(spec, settings, base) -> None:
-    sweep = sens.load_mode_sweep(make_workload(0), spec, base, settings, WARMUP_S)
-    assert list(dict.fromkeys(sweep.table.loads)) == ["sync", "async"]
-    assert set(sweep.runs["async"][0].tier) == {"dram", "flash"}
-    got = sens.reproduced_by(sweep)
-    # the baseline did not change; asynchronous loads stop holding up the steps that load
-    assert got.at["A2.baseline_plateau", "async"] == got.at["A2.baseline_plateau", "sync"]
-    sync_rec, async_rec = base[0], sweep.runs["async"][0]
-    assert not np.allclose(sync_rec[sync_rec.tier == "flash"].ttft_s.median(),
-                           async_rec[async_rec.tier == "flash"].ttft_s.median())
-    with pytest.raises(ValueError, match="offload stores"):
-        sens.load_mode_sweep(make_workload(0), spec, (base[0][base[0].tier == "baseline"],
-                                                      base[1]), settings)
-
-
 def test_store_policy_sweep_keeps_what_the_store_holds(spec, settings, base) -> None:
     sweep = sens.store_policy_sweep(make_workload(0), spec, base, settings, WARMUP_S)
     keep_records, keep_samples = sweep.runs["keeps when full"]
