@@ -76,6 +76,12 @@ def request_ttft_s(records: pd.DataFrame) -> pd.Series:
     return records["first_token_s"] - records["send_s"]
 
 
+def decode_step_s(records: pd.DataFrame) -> pd.Series:
+    """Each answer's mean gap between tokens at the client: the time from its first to its
+    last token over the steps between them (its mean decode step where the stream flows)."""
+    return (records["finish_s"] - records["first_token_s"]) / (records["output_tokens"] - 1)
+
+
 def _tiers(df: pd.DataFrame) -> list[str]:
     """Tiers in order of first appearance (the order runs were concatenated in)."""
     return list(dict.fromkeys(df["tier"]))
@@ -692,6 +698,24 @@ def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- a fleet's turns
+
+BURST_S = 1e-3
+"""An answer whose tokens reach the client less than this far apart on average came in one
+burst: the server held them and sent them together."""
+
+
+def token_delivery(records: pd.DataFrame, burst_s: float = BURST_S) -> dict[str, float]:
+    """How the tokens of the succeeded answers with more than one reached the client: their
+    number, the share that came in one burst (`decode_step_s` below `burst_s`) and the
+    median and 90th percentile of that mean gap. Why: a server whose answer streams stall
+    (its API server waiting for a CPU) delivers many tokens at once, late; its client-side
+    TTFT holds that wait, which the engine's own step time does not show."""
+    ok = records[succeeded(records) & (records["output_tokens"] > 1)]
+    gap_s = decode_step_s(ok)
+    return {"n_answers": int(len(ok)),
+            "burst_share": float((gap_s < burst_s).mean()) if len(ok) else math.nan,
+            "gap_median_s": float(gap_s.median()), "gap_p90_s": float(gap_s.quantile(0.9))}
+
 
 def share(numerator: float, denominator: float) -> float:
     """numerator / denominator, NaN when the denominator is 0 (a share of nothing)."""

@@ -72,6 +72,7 @@ import pandas as pd
 from kvrepro._checks import load_yaml
 from kvrepro._paths import data_file
 from kvrepro.analysis.runs import (
+    decode_step_s,
     fill_time_s,
     outside_cpu,
     process_cpu,
@@ -544,12 +545,6 @@ def lone_decoders(records: pd.DataFrame) -> pd.DataFrame:
     """The requests alone on the server from send to finish with more than 4 output tokens:
     their decode steps are the machine's and the step model's, nothing else's."""
     return records[isolated(records) & (records["output_tokens"] > 4)]
-
-
-def decode_step_s(records: pd.DataFrame) -> pd.Series:
-    """Each request's mean decode step: the time from its first to its last token over the
-    steps between them."""
-    return (records["finish_s"] - records["first_token_s"]) / (records["output_tokens"] - 1)
 
 
 def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]:

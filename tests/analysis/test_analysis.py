@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from kvrepro import analysis as an
+from kvrepro.analysis import runs
 from kvrepro.records import RECORD_COLUMNS, RunWriter, read_runs
 from kvrepro.studies.reference import load_reference
 from kvrepro.studies.study_a_headlines import (
@@ -591,3 +592,17 @@ def test_process_cpu_reads_the_run_queue_wait_where_the_samples_have_it() -> Non
         pytest.approx(0.6), 10.0, 0.5)
     older = process_cpu(samples.drop(columns="proc_worker_runqueue_wait_s")).iloc[0]
     assert older.cpu_busy == pytest.approx(0.6) and np.isnan(older.runqueue_wait_per_s)
+
+
+def test_token_delivery_counts_the_answers_that_came_in_one_burst() -> None:
+    """Of the succeeded answers with more than one token, a streamed one (5 ms between
+    tokens) and one whose 11 tokens arrived together; a one-token and a failed answer do not
+    count."""
+    records = pd.DataFrame({
+        "send_s": [0.0, 0.0, 0.0, 0.0], "first_token_s": [0.1, 0.5, 0.2, 0.3],
+        "finish_s": [0.15, 0.5, 0.2, 0.9], "output_tokens": [11, 11, 1, 11],
+        "error": ["", None, "", "timeout"]})
+    got = runs.token_delivery(records)
+    assert got["n_answers"] == 2 and got["burst_share"] == 0.5
+    assert got["gap_median_s"] == pytest.approx(0.0025)
+    assert runs.token_delivery(records, burst_s=0.0)["burst_share"] == 0.0
