@@ -32,6 +32,7 @@ import pandas as pd
 
 from kvrepro._checks import require_columns
 from kvrepro.analysis.runs import (
+    PROCESS_COLUMNS,
     fleet_turn_stats,
     process_cpu,
     prompt_tokens_by_source,
@@ -162,8 +163,8 @@ def fleet_process_cpu(path: str | Path) -> pd.DataFrame:
     """What each process of a live fleet campaign (or one run) did, per run and sampler
     (`instance`: an instance's own processes; the shared one, -1, or instance 0 without a
     shared pool, also the router, shared LMCache server and client): `runs.process_cpu`'s
-    CPUs busy, involuntary context switches and run queue wait (NaN in runs before
-    2026-12-05) per second by role."""
+    CPUs busy, involuntary context switches, run queue wait and timeslices per second and
+    wait per timeslice (NaN in runs that predate them) by role."""
     root = Path(path)
     dirs = [root] if _is_run(root) else sorted(p for p in root.iterdir() if _is_run(p))
     parts = []
@@ -172,7 +173,6 @@ def fleet_process_cpu(path: str | Path) -> pd.DataFrame:
         for instance, part in samples.groupby("instance", sort=True):
             own = part.dropna(axis=1, how="all")  # the other samplers' processes
             parts.append(process_cpu(own).assign(run=run_dir.name, instance=int(instance)))
-    columns = ["run", "instance", "role", "cpu_busy", "ctx_involuntary_per_s",
-               "runqueue_wait_per_s"]
+    columns = ["run", "instance", *PROCESS_COLUMNS]
     return pd.concat(parts, ignore_index=True)[columns] if parts else pd.DataFrame(
         columns=columns)

@@ -634,9 +634,11 @@ def fill_time_s(samples: pd.DataFrame, column: str, capacity_bytes: float | None
     return float(times.min()) if len(times) else math.nan
 
 
-PROCESS_SUFFIXES = ("_cpu_user_s", "_cpu_system_s", "_ctx_involuntary", "_runqueue_wait_s")
+PROCESS_SUFFIXES = ("_cpu_user_s", "_cpu_system_s", "_ctx_involuntary", "_runqueue_wait_s",
+                    "_runqueue_slices")
 """Endings of the live samples' per-process counters (`engines.live.placement`), in the
-order `ProcessAccounting` reads them; `_runqueue_wait_s` only in runs from 2026-12-05."""
+order `ProcessAccounting` reads them; `_runqueue_wait_s` only in runs from 2026-12-05,
+`_runqueue_slices` from 2026-12-05 06:00 UTC."""
 
 
 HOST_KEY_PREFIX = "host_cpu"
@@ -670,31 +672,38 @@ def outside_cpu(samples: pd.DataFrame) -> dict[str, float]:
             "steal_per_s": steal}
 
 
+PROCESS_COLUMNS = ("role", "cpu_busy", "ctx_involuntary_per_s", "runqueue_wait_per_s",
+                   "slices_per_s", "wait_per_slice_s")
+
+
 def process_cpu(samples: pd.DataFrame) -> pd.DataFrame:
     """What each process role of a live run did between its first and last sample: CPUs
     busy (user + system seconds per second of the run) and involuntary context switches per
     second (a process the kernel takes off its CPU because another wants it: contention)
-    and, where the samples have it, the main thread's run queue wait per second (runnable,
-    waiting for a CPU; NaN in older runs). Columns `role, cpu_busy, ctx_involuntary_per_s,
-    runqueue_wait_per_s`; empty for samples without them."""
+    and, where the samples have them (NaN in older runs), its main thread's run queue wait
+    per second (runnable, waiting for a CPU), its timeslices per second (how often it ran)
+    and its wait per timeslice (how long it waited each time). Columns `PROCESS_COLUMNS`;
+    empty for samples without them."""
     roles = sorted({c[len("proc_"):-len("_cpu_user_s")] for c in samples.columns
                     if c.startswith("proc_") and c.endswith("_cpu_user_s")})
     if not roles or len(samples) < 2:
-        return pd.DataFrame(columns=["role", "cpu_busy", "ctx_involuntary_per_s",
-                                     "runqueue_wait_per_s"])
+        return pd.DataFrame(columns=list(PROCESS_COLUMNS))
     data = samples.sort_values("time_s")
     elapsed_s = float(data["time_s"].iloc[-1] - data["time_s"].iloc[0])
 
     def grew(column: str) -> float:
         return _growth(data, column)
 
-    rows = [{"role": role,
-             "cpu_busy": (grew(f"proc_{role}_cpu_user_s") + grew(f"proc_{role}_cpu_system_s"))
-             / elapsed_s,
-             "ctx_involuntary_per_s": grew(f"proc_{role}_ctx_involuntary") / elapsed_s,
-             "runqueue_wait_per_s": grew(f"proc_{role}_runqueue_wait_s") / elapsed_s}
-            for role in roles]
-    return pd.DataFrame(rows)
+    rows = []
+    for role in roles:
+        wait_s, slices = grew(f"proc_{role}_runqueue_wait_s"), grew(f"proc_{role}_runqueue_slices")
+        rows.append({"role": role,
+                     "cpu_busy": (grew(f"proc_{role}_cpu_user_s")
+                                  + grew(f"proc_{role}_cpu_system_s")) / elapsed_s,
+                     "ctx_involuntary_per_s": grew(f"proc_{role}_ctx_involuntary") / elapsed_s,
+                     "runqueue_wait_per_s": wait_s / elapsed_s, "slices_per_s": slices / elapsed_s,
+                     "wait_per_slice_s": wait_s / slices if slices > 0 else math.nan})
+    return pd.DataFrame(rows, columns=list(PROCESS_COLUMNS))
 
 
 # ---------------------------------------------------------------- a fleet's turns

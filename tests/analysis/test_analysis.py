@@ -590,8 +590,11 @@ def test_process_cpu_reads_the_run_queue_wait_where_the_samples_have_it() -> Non
     row = process_cpu(samples).iloc[0]
     assert (row.cpu_busy, row.ctx_involuntary_per_s, row.runqueue_wait_per_s) == (
         pytest.approx(0.6), 10.0, 0.5)
+    assert np.isnan(row.slices_per_s) and np.isnan(row.wait_per_slice_s)
     older = process_cpu(samples.drop(columns="proc_worker_runqueue_wait_s")).iloc[0]
     assert older.cpu_busy == pytest.approx(0.6) and np.isnan(older.runqueue_wait_per_s)
+    sliced = process_cpu(samples.assign(proc_worker_runqueue_slices=[100.0, 300.0])).iloc[0]
+    assert (sliced.slices_per_s, sliced.wait_per_slice_s) == (100.0, pytest.approx(0.005))
 
 
 def test_token_delivery_counts_the_answers_that_came_in_one_burst() -> None:

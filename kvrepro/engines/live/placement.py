@@ -248,18 +248,19 @@ def speed_probe(cpus: frozenset[int] | None = None,
 
 class ProcessAccounting:
     """CPU seconds (user, system), involuntary context switches and the main thread's run
-    queue wait of the run's processes, by role, as cumulative sample keys
-    `proc_<role>_cpu_user_s`, `..._cpu_system_s`, `..._ctx_involuntary` and
-    `..._runqueue_wait_s` (`analysis.runs.PROCESS_SUFFIXES`; processes of one role summed).
-    The run queue wait is the time the main thread was runnable but another task had its
-    CPU (the kernel's schedstat): how long the CPUs the process shares kept it waiting,
-    which its CPU time cannot show. A process that is gone keeps its last reading, so a
-    counter never drops."""
+    queue wait and timeslices of the run's processes, by role, as cumulative sample keys
+    `proc_<role>_cpu_user_s`, `..._cpu_system_s`, `..._ctx_involuntary`,
+    `..._runqueue_wait_s` and `..._runqueue_slices` (`analysis.runs.PROCESS_SUFFIXES`;
+    processes of one role summed). The run queue wait is the time the main thread was
+    runnable but another task had its CPU (the kernel's schedstat): how long the CPUs the
+    process shares kept it waiting, which its CPU time cannot show; over its timeslices,
+    how long it waited each time it was to run. A process that is gone keeps its last
+    reading, so a counter never drops."""
 
     def __init__(self, roles: Callable[[], Mapping[int, str]]):
         self._roles = roles
         self._procs: dict[int, psutil.Process] = {}
-        self._last: dict[int, tuple[str, float, float, int, float]] = {}
+        self._last: dict[int, tuple[str, float, float, int, float, float]] = {}
 
     def _read(self, pid: int, role: str) -> None:
         proc = self._procs.get(pid)
@@ -269,7 +270,7 @@ class ProcessAccounting:
             with proc.oneshot():
                 times, switches = proc.cpu_times(), proc.num_ctx_switches()
             self._last[pid] = (role, times.user, times.system, switches.involuntary,
-                               runqueue_wait_s(pid))
+                               *schedstat(pid))
         except psutil.Error:
             return
 
@@ -316,13 +317,20 @@ def host_cpu_times(stat: str | None = None) -> dict[str, float]:
     return out
 
 
-def runqueue_wait_s(pid: int) -> float:
-    """Seconds the main thread of `pid` has waited runnable for a CPU (the second field of
-    /proc/<pid>/schedstat); NaN where the kernel does not keep it."""
+def schedstat(pid: int) -> tuple[float, float]:
+    """The main thread of `pid`: seconds it has waited runnable for a CPU and the timeslices
+    it has run (the second and third fields of /proc/<pid>/schedstat); NaN where the kernel
+    does not keep them."""
     try:
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+        fields = Path(f"/proc/{pid}/schedstat").read_text().split()
+        return int(fields[1]) / 1e9, float(int(fields[2]))
     except (OSError, IndexError, ValueError):
-        return float("nan")
+        return float("nan"), float("nan")
+
+
+def runqueue_wait_s(pid: int) -> float:
+    """Seconds the main thread of `pid` has waited runnable for a CPU (`schedstat`)."""
+    return schedstat(pid)[0]
 
 
 def is_process_key(key: str) -> bool:
@@ -333,5 +341,5 @@ def is_process_key(key: str) -> bool:
 
 __all__ = ["ProcessAccounting", "affinities", "affinity_summary", "host_cpu_times",
            "is_process_key", "pin_process", "pin_vllm", "pinned_client", "preexec",
-           "read_binding", "runqueue_wait_s", "speed_probe", "union", "vllm_binding",
+           "read_binding", "runqueue_wait_s", "schedstat", "speed_probe", "union", "vllm_binding",
            "vllm_env", "vllm_processes"]

@@ -139,6 +139,8 @@ def test_the_run_queue_wait_counts_the_time_another_process_had_the_cpu(tmp_path
                   + later["proc_engine_core_runqueue_wait_s"]
                   - first["proc_engine_core_runqueue_wait_s"])
         assert waited > 0.6, f"two spinners on one CPU waited {waited:.3f} s in 1 s"
+        slices = (later["proc_worker_runqueue_slices"] - first["proc_worker_runqueue_slices"])
+        assert slices >= 1 and waited / 2 / slices < 0.5  # waits a slice at a time
         assert runqueue_wait_s(os.getpid()) >= 0
     finally:
         for proc in procs:
