@@ -40,7 +40,9 @@ computes runs only when that process's slice ends: `handoff_wait_s` (2.9 ms meas
 against 2 us on an idle CPU: benchmarks/bench_handoff.py) times the share of the time
 those long-running processes are busy there, for each of a step's two handoffs. The API
 server, LMCache server and client run in bursts far shorter than a slice, which delay a
-reader by ~0.01-0.1 ms (the same benchmark at 50 % busy): left out.
+reader by ~0.01-0.1 ms (the same benchmark at 50 % busy): left out. Measured since in the
+live fleet (data/live/cpu_tiny_fleet_slices, notebook 13): they wait 3.4-6.6 ms per wake-up
+there, about one scheduler slice, 11-58 times a second; not modelled yet.
 
 What waits for what: a step takes its forward part x the worker's stretch (when the forward
 pass is on CPUs) + its host part x the engine core's and the worker's stretches, weighted by
