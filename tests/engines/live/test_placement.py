@@ -176,7 +176,7 @@ def test_a_process_outside_the_run_shows_as_outside_cpu(tmp_path: Path) -> None:
         for proc in procs:
             proc.stop(grace_s=2)
     cpu = outside_cpu(pd.DataFrame([first, later]))
-    assert 0.3 < cpu["run_busy"] < 0.7, cpu  # two spinners share one CPU
+    assert 0.05 < cpu["run_busy"] < 0.7, cpu  # two spinners (or more, under xdist) share it
     assert cpu["outside_busy"] > 0.3, cpu
     assert cpu["host_busy"] == pytest.approx(cpu["run_busy"] + cpu["outside_busy"])
 
