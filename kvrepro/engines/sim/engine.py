@@ -370,11 +370,10 @@ class Engine:
         for i, sched in enumerate(self.schedulers):
             c, off = sched.counters, sched.offload
             work = {"prompt_tokens": c.prompt_tokens, "output_tokens": c.generation_tokens,
-                    "lookup_tokens": c.external_queries_tokens}
+                    "lookup_tokens": c.lmcache_lookup_tokens}
             if off is not None and id(off) not in pools:
                 pools.add(id(off))
-                work["chunks_moved"] = (sum(off.bytes_read) + sum(off.bytes_written)) \
-                    / off.chunk_bytes
+                work["chunks_moved"] = off.l1_read_chunks() + off.l1_write_chunks()
             for unit, total in work.items():
                 host.work(i, unit, total - self._host_seen.get((i, unit), 0.0))
                 self._host_seen[i, unit] = total

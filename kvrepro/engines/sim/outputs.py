@@ -61,6 +61,9 @@ def sample_row(now_s: float, sched: Scheduler) -> dict[str, Any]:
         "generation_tokens": c.generation_tokens}
     off = sched.offload
     if off is not None:
+        row.update(lmcache_lookup_tokens=c.lmcache_lookup_tokens,
+                   lmcache_l1_read_chunks=off.l1_read_chunks(),
+                   lmcache_l1_write_chunks=off.l1_write_chunks())
         for i, store in enumerate(off.stores):
             row[f"{store.name}_bytes_used"] = off.bytes_used(i, now_s)
             row[f"{store.name}_bytes_written"] = off.bytes_written[i]

@@ -121,6 +121,12 @@ class Counters:
     prefix_hits_tokens: int = 0
     external_queries_tokens: int = 0
     external_hits_tokens: int = 0
+    lmcache_lookup_tokens: int = 0
+    """Tokens LMCache looked up: each admitted request's whole chunks, its GPU hit included
+    (live, `lmcache_lookup_tokens` counts that: 2,503,168 on the fit run's flash tier, its
+    requests' whole-chunk prompts summing to 2,503,936; vLLM's external queries leave the
+    GPU hit out).
+    The LMCache server's CPU is measured per such token (`host_cpu`)."""
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -399,12 +405,14 @@ class Scheduler:
         req.computed_tokens = gpu_hit
         first = req.cached_prompt_tokens < 0
         self._count_admission(req, now_s, total, gpu_hit, ext_end)
+        self.counters.lmcache_lookup_tokens += len(ids) * self.chunk_tokens
         if not self.lookup_async:
             plan.lookup_wait_s += self.twin_lookup_s * self.lookup_stretch
             req.lookup_stretch = self.lookup_stretch
         if counts is not None:
             self.offload.touch(ids, counts, now_s)
             req.saved_chunks = sum(counts)
+            self.offload.found_chunks += req.saved_chunks
         if ext_end > gpu_hit:
             if adm.loads_async:
                 req.state, req.pending_tokens = RequestState.LOADING, ext_end

@@ -203,3 +203,20 @@ def test_offload_fit_recovers_the_lookup_work_under_the_host_model() -> None:
     assert fit.twin_connector_step_s + fit.twin_connector_request_s == pytest.approx(
         0.0008, rel=0.1)
 
+
+
+@pytest.mark.parametrize("tier", ["dram", "flash"])
+def test_lmcache_work_is_counted_as_lmcache_counts_it(tier: str) -> None:
+    """The twin's LMCache counters on the fit run, replayed, against the live ones: lookups
+    of each request's whole chunks (the GPU's prefix hit included), L1 reads of every chunk
+    found, and with skip_l1 each chunk through L1 both ways. The LMCache server's CPU is
+    measured per these units (`host_cpu`), so the twin must count them the same."""
+    from kvrepro.calibration.validate import FIT_RUN, simulate_run
+
+    run = read_run(data_file("live", FIT_RUN, tier))
+    result, _, _ = simulate_run(run, load_profile(data_file("servers", "cpu_tiny.yaml")))
+    for column in ("lmcache_lookup_tokens", "lmcache_l1_read_chunks",
+                   "lmcache_l1_write_chunks"):
+        live, twin = (float(s[column].max() - s[column].min())
+                      for s in (run.samples, result.samples))
+        assert twin == pytest.approx(live, rel=0.01), column
