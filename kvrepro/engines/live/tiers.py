@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvrepro.stores import KINDS, RUN_DIR, RUN_DISK_DIR, StoreFolder, gib
-from kvrepro.tier_spec import TINY_MODEL, Placement, ServerSpec, TierSpec, load_server
+from kvrepro.tier_spec import TINY_MODEL, Device, Placement, ServerSpec, TierSpec, load_server
 
 __all__ = ["REDACTED", "RUN_DISK_DIR", "TINY_MODEL", "LMCacheMPSettings", "LMCacheSettings",
            "TierConfig", "format_command", "live_tier", "live_tiers", "lmcache_config",
@@ -170,6 +170,8 @@ class TierConfig(BaseModel):
                           "(`TierSpec.native_offload`: cpu_bytes_to_use, secondary_tiers)")
     extra_args: list[str] = Field(default_factory=list, description="more vllm flags")
     env: dict[str, str] = Field(default_factory=dict)
+    device: Device = Field("gpu", description="the build of vLLM that serves it (the spec's "
+                           "`live.device`: `pins.BUILD_ENV` goes into its environment)")
     placement: Placement = Field(default_factory=Placement, description="the CPUs of each "
                                  "process (the server spec's, the same for every tier)")
     startup_timeout_s: float = Field(900, gt=0)
@@ -460,7 +462,8 @@ def live_tier(spec: ServerSpec, name: str, lmcache_mode: str | None = None) -> T
         kv_cache_bytes=int(spec.kv_cache_bytes(name)), max_model_len=engine.max_model_len,
         max_num_batched_tokens=engine.max_num_batched_tokens,
         max_num_seqs=engine.max_num_seqs, dtype=live.dtype,
-        extra_args=list(live.extra_args), env=dict(live.env), placement=spec.placement,
+        extra_args=list(live.extra_args), env=dict(live.env), device=live.device,
+        placement=spec.placement,
         startup_timeout_s=live.startup_timeout_s,
         **_offload_fields(tier, lmcache_mode or live.lmcache_mode))
 

@@ -100,7 +100,7 @@ def test_cpu_tiny_multi_process_tiers_pass_both_parsers(tmp_path, capsys, vllm_p
     assert adapter["base_path"] == str((out / "flash" / "lmcache-l2").resolve())
     assert not Path(adapter["base_path"]).exists()  # the flash folder is made at start only
     env = json.loads((out / "flash" / "env.json").read_text())
-    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "0"}
+    assert env == {"VLLM_USE_AOT_COMPILE": "0", "VLLM_CPU_OMP_THREADS_BIND": "0"}  # BUILD_ENV
 
 
 def test_fleet_dry_run_writes_pool_instances_and_router(tmp_path, capsys, vllm_parser) -> None:
