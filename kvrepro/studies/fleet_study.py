@@ -130,10 +130,8 @@ FLEET_METRICS = ("throughput_tok_s", "ttft_median_s", "ttft_p90_s", "cached_shar
 """What the twin of a live two-instance fleet is checked on, per instance and in total."""
 
 
-def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFrame:
-    """The twin on a live fleet run's fleet spec and regenerated workload, its records
-    labelled like the live ones (kv_pool, tier, routing, router="twin") so that both go
-    through the same summary (`kvrepro.analysis.fleet_live.fleet_live_summary`)."""
+def _simulate_live_fleet(run_dir: str | Path, progress: bool = False) -> tuple[Any, FleetSpec]:
+    """The twin's result on a live fleet run's fleet spec and regenerated workload."""
     from kvrepro.calibration.validate import run_seconds, workload_of
     from kvrepro.engines.sim.fleet import simulate_fleet
     from kvrepro.records import read_run
@@ -141,10 +139,35 @@ def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFr
     run = read_run(run_dir)
     fleet = FleetSpec.model_validate(run.meta["fleet"])
     warmup_s = float(run.meta.get("options", {}).get("warmup_s") or 0.0)
-    result = simulate_fleet(workload_of(run), fleet, duration_s=run_seconds(run),
-                            warmup_s=warmup_s, progress=progress)
+    return simulate_fleet(workload_of(run), fleet, duration_s=run_seconds(run),
+                          warmup_s=warmup_s, progress=progress), fleet
+
+
+def twin_of_live_fleet(run_dir: str | Path, progress: bool = False) -> pd.DataFrame:
+    """The twin on a live fleet run's fleet spec and regenerated workload, its records
+    labelled like the live ones (kv_pool, tier, routing, router="twin") so that both go
+    through the same summary (`kvrepro.analysis.fleet_live.fleet_live_summary`)."""
+    result, fleet = _simulate_live_fleet(run_dir, progress)
     return result.records.assign(kv_pool=fleet.kv_pool, tier=fleet.tier,
                                  routing=fleet.routing, router="twin")
+
+
+def fleet_host_cpu(run_dir: str | Path) -> pd.DataFrame:
+    """Per role, all instances together: the CPUs a live fleet run's processes kept busy
+    (their accounting, `fleet_live.fleet_process_cpu`; for the engine core and the worker
+    this includes vLLM's queue polling) beside what the twin's host model spends for them on
+    the same run (CPU-s per s; the worker's forward passes also on their own). Why: where
+    the fleet twin's latency misses, which processes it has doing less than live."""
+    from kvrepro.analysis.fleet_live import fleet_process_cpu
+
+    live = fleet_process_cpu(run_dir).groupby("role")["cpu_busy"].sum()
+    result, _ = _simulate_live_fleet(run_dir)
+    window_s = result.stats["host_cpu_window_s"]
+    twin = {role: cpu_s / window_s for role, cpu_s in result.stats["host_cpu_s"].items()}
+    roles = [r for r in (*live.index, *twin) if r != "other"]
+    return pd.DataFrame({"live_cpu_busy": live.reindex(roles),
+                         "twin_cpu_busy": pd.Series(twin).reindex(roles)}).rename_axis(
+        "role").loc[lambda t: ~t.index.duplicated()]
 
 
 def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,

@@ -85,3 +85,17 @@ def test_compare_fleet_summaries_matches_instances_and_signs_errors() -> None:
     assert set(table["error_unit"]) == {"%", "pp"}
     assert table.at[("total", "cached_share"), "error_unit"] == "pp"
     assert set(out.run) == {"shared dram, round robin"}
+
+
+def test_fleet_host_cpu_sets_the_twin_beside_the_accounting() -> None:
+    """Every role of the live fleet run once, live and twin; the twin's worker spends its
+    forward passes and more (its share of the steps' host part)."""
+    from kvrepro._paths import data_file
+    from kvrepro.studies.fleet_study import fleet_host_cpu
+
+    table = fleet_host_cpu(data_file("live", "cpu_tiny_fleet_slices",
+                                     "shared-dram-round_robin"))
+    assert {"api_server", "engine_core", "worker", "client", "lmcache_server",
+            "router"} <= set(table.index) and table.index.is_unique
+    assert (table.live_cpu_busy.dropna() > 0).all()
+    assert 0 < table.twin_cpu_busy["worker_forward"] < table.twin_cpu_busy["worker"]

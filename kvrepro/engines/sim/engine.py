@@ -420,11 +420,15 @@ class Engine:
         """Counts that account for every request, plus cache and tier totals."""
         server = self.server_stats(self.scheduler)
         unfinished = {key: server.pop(key) for key in UNFINISHED_KEYS}
-        host = {} if self.host is None else {"host_cpu_s": {
+        return {**self.counts, **unfinished, "end_s": self.now_s,
+                "client_waiting_at_end": len(self.backlog), **server, **self.host_stats()}
+
+    def host_stats(self) -> dict[str, Any]:
+        """The CPU seconds each role's processes spent (all servers' together) over the
+        host model's closed intervals, and how long those were (none without the model)."""
+        return {} if self.host is None else {"host_cpu_s": {
             role: round(cpu_s, 6) for role, cpu_s in self.host.spent_s.items()},
             "host_cpu_window_s": self.host.last_s}
-        return {**self.counts, **unfinished, "end_s": self.now_s,
-                "client_waiting_at_end": len(self.backlog), **server, **host}
 
     def server_stats(self, sched: Scheduler) -> dict[str, Any]:
         """One server's unfinished requests, GPU cache, counters and store totals."""

@@ -334,7 +334,7 @@ class FleetEngine(Engine):
         out.update({key: sum(p[key] for p in per) for key in UNFINISHED_KEYS})
         out.update(end_s=self.now_s, client_waiting_at_end=len(self.backlog),
                    n_servers=self.fleet.n_servers, routing=self.fleet.routing,
-                   kv_pool=self.fleet.kv_pool)
+                   kv_pool=self.fleet.kv_pool, **self.host_stats())
         shared = tuple(f"{name}_" for name in self.shared_names)
         for key, value in per[0].items():
             if key in UNFINISHED_KEYS:

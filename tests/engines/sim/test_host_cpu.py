@@ -130,3 +130,19 @@ def test_the_host_part_split_is_measured_on_the_shipped_stacks() -> None:
     split = host_split(data_dir() / "live" / PROFILE_DIR, profile)
     assert 0 < split["worker"] < split["engine_core"] < 1
     assert split["engine_core"] + split["worker"] < 1  # the rest is waiting, not CPU
+
+
+def test_a_fleet_reports_what_each_role_spent() -> None:
+    """The fleet twin's stats carry the host model's CPU per role, as a single server's do
+    (what notebook 13 sets beside the live fleet's process accounting)."""
+    from kvrepro._paths import data_file
+    from kvrepro.engines.sim.fleet import simulate_fleet
+    from kvrepro.workload import build_workload
+
+    workload = build_workload("agentic", {"seed": 1, "session_rate_per_min": 6,
+                                          "duration_s": 40, "context_cap_tokens": 7680})
+    stats = simulate_fleet(workload, data_file("fleets", "cpu_tiny_2x.yaml"),
+                           progress=False).stats
+    spent = stats["host_cpu_s"]
+    assert {"worker", "engine_core", "api_server", "client", "router"} <= set(spent)
+    assert spent["worker"] > 0 and stats["host_cpu_window_s"] > 0
