@@ -164,10 +164,9 @@ def fleet_host_cpu(run_dir: str | Path) -> pd.DataFrame:
     result, _ = _simulate_live_fleet(run_dir)
     window_s = result.stats["host_cpu_window_s"]
     twin = {role: cpu_s / window_s for role, cpu_s in result.stats["host_cpu_s"].items()}
-    roles = [r for r in (*live.index, *twin) if r != "other"]
+    roles = [r for r in dict.fromkeys([*live.index, *twin]) if r != "other"]
     return pd.DataFrame({"live_cpu_busy": live.reindex(roles),
-                         "twin_cpu_busy": pd.Series(twin).reindex(roles)}).rename_axis(
-        "role").loc[lambda t: ~t.index.duplicated()]
+                         "twin_cpu_busy": pd.Series(twin).reindex(roles)}).rename_axis("role")
 
 
 def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,

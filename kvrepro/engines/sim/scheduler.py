@@ -125,8 +125,7 @@ class Counters:
     """Tokens LMCache looked up: each admitted request's whole chunks, its GPU hit included
     (live, `lmcache_lookup_tokens` counts that: 2,503,168 on the fit run's flash tier, its
     requests' whole-chunk prompts summing to 2,503,936; vLLM's external queries leave the
-    GPU hit out).
-    The LMCache server's CPU is measured per such token (`host_cpu`)."""
+    GPU hit out). The LMCache server's CPU is measured per such token (`host_cpu`)."""
     preemptions: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
