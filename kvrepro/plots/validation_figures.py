@@ -87,7 +87,12 @@ def _row_labels(table: pd.DataFrame) -> list[str]:
     return [f"{r} · {t}" for r, t in zip(table["run"], table["tier"], strict=True)]
 
 
-def sim_validation(table: pd.DataFrame, tolerance_pct: float = 20.0,
+TOLERANCE_PCT = 10.0
+"""The default of both figures' tolerance: the grid bolds the errors beyond it and the
+value figure's subtitle names it, so the two must say the same (they said 20 and 10)."""
+
+
+def sim_validation(table: pd.DataFrame, tolerance_pct: float = TOLERANCE_PCT,
                    title: str = "Simulator vs live engine",
                    errors_figure: str = "sim-validation-errors") -> plt.Figure:
     """Live vs simulated value of every metric, run and tier (figure `sim-validation`).
@@ -126,7 +131,7 @@ ERROR_SPAN = 50.0
 """The grid's colour scale runs from -ERROR_SPAN to +ERROR_SPAN (% or pp); beyond, it clips."""
 
 
-def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
+def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = TOLERANCE_PCT,
                           ax: Axes | None = None) -> plt.Figure:
     """Signed error of every (run, tier) and metric as one annotated grid (figure
     `sim-validation-errors`): blue where the twin is low, red where high, blank where a
@@ -172,5 +177,5 @@ def sim_validation_errors(table: pd.DataFrame, tolerance_pct: float = 10.0,
     return ax.figure
 
 
-__all__ = ["ERROR_SPAN", "METRIC_AXES", "label_colour", "sim_validation",
+__all__ = ["ERROR_SPAN", "METRIC_AXES", "TOLERANCE_PCT", "label_colour", "sim_validation",
            "sim_validation_errors"]

@@ -80,3 +80,18 @@ def test_error_grid_labels_stay_legible_on_dark_cells() -> None:
                        "-45 pp": to_rgba("white")}
     assert label_colour("#ffffff") == "black" and label_colour("#053061") == "white"
     plt.close(fig)
+
+
+def test_the_value_figure_names_the_tolerance_the_error_grid_bolds() -> None:
+    """By default the sim-validation subtitle and the error grid's title say the same ±."""
+    from kvrepro.plots.validation_figures import sim_validation, sim_validation_errors
+
+    table = pd.DataFrame({"run": ["r"], "tier": ["t"], "metric": ["ttft_median_s"],
+                          "live": [0.1], "sim": [0.2], "error": [100.0], "error_unit": ["%"]})
+    values, grid = sim_validation(table), sim_validation_errors(table)
+    said = " ".join(t.get_text() for t in values.texts)
+    bolded = grid.axes[0].get_title(loc="left").replace("\n", " ")
+    tolerance = bolded.split("beyond ")[1].split(";")[0].strip()
+    assert f"which miss {tolerance} %" in said, (said, tolerance)
+    plt.close(values)
+    plt.close(grid)
