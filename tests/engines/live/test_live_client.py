@@ -221,9 +221,11 @@ def server_request(server: FakeServer, wl: Workload, sid: int, turn: int) -> dic
 
 
 def test_records_prompts_and_body_against_a_streaming_server(tmp_path: Path) -> None:
-    wl = small_workload(4)
+    # Sessions 0.4 s apart and a 0.2 s warm-up: session 0's first send falls inside it and
+    # session 3's outside, even where the client takes 100 ms to start (CI once took > 30 ms).
+    wl = small_workload(4, spread_s=0.4)
     server = FakeServer()
-    stats = with_server(server, wl, tmp_path, {"warmup_s": 0.03, "extra_body": {"seed": 7}})
+    stats = with_server(server, wl, tmp_path, {"warmup_s": 0.2, "extra_body": {"seed": 7}})
     records = read_run(tmp_path).records
     assert stats.requests_ok == len(wl.turns) == len(records) == len(server.requests)
     assert stats.sessions_completed == 4 and stats.requests_failed == 0
@@ -238,7 +240,7 @@ def test_records_prompts_and_body_against_a_streaming_server(tmp_path: Path) -> 
         assert rec.cached_prompt_tokens == cached
         assert rec.output_tokens == int(planned.output_tokens.iloc[0]) == req["body"]["max_tokens"]
         assert rec.send_s < rec.first_token_s <= rec.finish_s
-        assert rec.is_warmup == (rec.send_s < 0.03)
+        assert rec.is_warmup == (rec.send_s < 0.2)
     assert records.is_warmup.any() and not records.is_warmup.all()
     body = server_request(server, wl, 0, 0)["body"]
     assert body["model"] == "/m" and body["ignore_eos"] is True and body["temperature"] == 0
