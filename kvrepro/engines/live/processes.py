@@ -172,6 +172,13 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
+# A process that never answered its health URL has served nothing and holds nothing to flush,
+# so `stop` gives it this much grace at most. vLLM 0.32's API server, asked to stop while it
+# waits in a zmq poll for its engine core's ready message, does not exit on SIGTERM (seen with
+# py-spy): a Ctrl-C during start-up always ended in SIGKILL, after the full grace.
+STARTING_GRACE_S = 3.0
+
+
 class ManagedProcess:
     """One command in its own process group, logging to a file; always stoppable."""
 
@@ -185,6 +192,7 @@ class ManagedProcess:
         self.started: dict[int, int] = {}  # every pid seen in the family -> its start ticks
         self._mutex = threading.Lock()
         self._log: IO[bytes] | None = None
+        self.healthy = False  # its health URL has answered once
 
     @property
     def pids(self) -> set[int]:
@@ -250,6 +258,7 @@ class ManagedProcess:
             if self.process is None or self.process.poll() is not None:
                 raise self.died("during start-up")
             if http_ok(self.health_url):
+                self.healthy = True
                 return time.monotonic() - start
             self.track()
             time.sleep(poll_s)
@@ -266,14 +275,16 @@ class ManagedProcess:
         did not exit, e.g. stuck in D state after SIGKILL). Raises nothing of its own: a
         process that outlives both waits is left reported by its missing code, so the run's
         own error is what the caller sees. The group is SIGKILLed and the log closed even
-        when a Ctrl-C interrupts the waits (that interrupt is then passed on)."""
+        when a Ctrl-C interrupts the waits (that interrupt is then passed on). A process still
+        starting gets at most `STARTING_GRACE_S` to exit on SIGTERM."""
         proc, self.process = self.process, None
+        term_grace_s = grace_s if self.healthy else min(grace_s, STARTING_GRACE_S)
         try:
             if proc is not None:
                 self._track(proc.pid)
                 _signal_group(proc.pid, signal.SIGTERM)
                 try:
-                    proc.wait(timeout=grace_s)
+                    proc.wait(timeout=term_grace_s)
                 except subprocess.TimeoutExpired:
                     _signal_group(proc.pid, signal.SIGKILL)
                     try:

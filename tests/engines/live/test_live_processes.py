@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -132,6 +134,50 @@ def test_stop_of_a_process_that_outlives_sigkill_returns_and_closes_its_log(
         assert log.closed and proc._log is None and proc.process is None
         assert processes.pid_alive(pid)  # it really did outlive both waits
     finally:
+        _reap(pid)
+
+
+DEAF = [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        " print('deaf', flush=True); time.sleep(120)"]
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("answers_health", [False, True], ids=["starting", "serving"])
+def test_a_process_still_starting_gets_a_short_grace(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answers_health: bool) -> None:
+    """A process that ignores SIGTERM is SIGKILLed after STARTING_GRACE_S while it never
+    answered its health URL (vLLM waiting for its engine core), after the full grace once
+    it has."""
+    import time
+
+    monkeypatch.setattr(processes, "STARTING_GRACE_S", 0.2)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1] if answers_health else 9
+    proc = ManagedProcess("deaf", DEAF, tmp_path / "deaf.log", dict(os.environ),
+                          f"http://127.0.0.1:{port}/health")
+    proc.start()
+    pid = proc.process.pid
+    try:
+        deadline = time.monotonic() + 30
+        while "deaf" not in (tmp_path / "deaf.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)  # its SIGTERM handler is in place
+        if answers_health:
+            proc.wait_healthy(timeout_s=10, poll_s=0.05)
+        start = time.monotonic()
+        assert proc.stop(grace_s=2.0) == -signal.SIGKILL
+        took_s = time.monotonic() - start
+        assert took_s >= 2.0 if answers_health else took_s < 1.5, took_s
+    finally:
+        server.shutdown()
         _reap(pid)
 
 
