@@ -53,12 +53,10 @@ import numpy as np
 import pandas as pd
 
 from kvrepro.calibration.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
-from kvrepro.calibration.validate import simulate_run
+from kvrepro.calibration.validate import JOIN_KEYS, simulate_run
 from kvrepro.engines.sim.config import SimProfile
 from kvrepro.engines.sim.engine import SimResult
 from kvrepro.records import Run, read_run
-
-JOIN_KEYS = ["session_id", "turn"]
 
 
 @dataclass

@@ -775,13 +775,51 @@ def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, flo
         n = float(count.iloc[-1] - count.iloc[0])
         return float(total.iloc[-1] - total.iloc[0]) / n if n else math.nan
 
+    lone = lone_latency_s(run.records, smp)["queue_s"]
+    by_request = sim_records.set_index(JOIN_KEYS)
+    sim_wait_s = by_request["queue_s"] + by_request["load_s"]
     return {"tier": run.meta["tier"], "live_queue_ms": 1e3 * mean("queue_time"),
             "live_engine_ttft_ms": 1e3 * mean("ttft"),
             "live_client_ttft_ms": 1e3 * float(run.records["ttft_s"].mean()),
             "live_slow_scrape_share": float((smp["scrape_duration_s"] > SLOW_SCRAPE_S).mean()),
-            "sim_queue_and_load_ms": 1e3 * float((sim_records["queue_s"]
-                                                  + sim_records["load_s"]).mean()),
-            "sim_ttft_ms": 1e3 * float(sim_records["ttft_s"].mean())}
+            "sim_queue_and_load_ms": 1e3 * float(sim_wait_s.mean()),
+            "sim_ttft_ms": 1e3 * float(sim_records["ttft_s"].mean()),
+            "lone_requests": len(lone),
+            "live_lone_queue_ms": 1e3 * float(lone.median()),
+            "sim_lone_queue_and_load_ms": 1e3 * float(sim_wait_s.reindex(lone.index).median())}
+
+
+JOIN_KEYS = ["session_id", "turn"]  # a request of a run
+
+
+def lone_latency_s(records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
+    """vLLM's own latency split of each request that had the server to itself
+    (`fit.isolated`) and was the only request to finish in its sample interval, indexed by
+    (session_id, turn): `queue_s` (its engine core's scheduled minus queued time: what the
+    twin spends on the lookup before scheduling), `prefill_s` (first token minus scheduled),
+    `engine_ttft_s` (vLLM's TTFT, from the API server's arrival) and the client's `ttft_s`.
+    vLLM observes these when the request finishes, so the interval's increase of each
+    histogram's sum is this one request's (where each histogram counted one)."""
+    alone = records[isolated(records)]
+    time_s = samples["time_s"].to_numpy(float)
+    ends = np.searchsorted(time_s, records["finish_s"].to_numpy(float))  # (t[i-1], t[i]]
+    finishing = np.bincount(ends, minlength=len(time_s) + 1)
+    i = np.searchsorted(time_s, alone["finish_s"].to_numpy(float))
+    ok = (i > 0) & (i < len(time_s))
+    i = np.where(ok, i, 1)
+    ok &= finishing[i] == 1
+    split = {}
+    for column, name in LONE_HISTOGRAMS.items():
+        total, count = (samples[f"{name}_{c}"].to_numpy(float) for c in ("sum_s", "count"))
+        ok &= count[i] - count[i - 1] == 1
+        split[column] = total[i] - total[i - 1]
+    out = pd.DataFrame(split, index=pd.MultiIndex.from_frame(alone[JOIN_KEYS]))
+    out["ttft_s"] = alone["ttft_s"].to_numpy(float)
+    return out[ok]
+
+
+LONE_HISTOGRAMS = {"queue_s": "queue_time", "prefill_s": "prefill_time",
+                   "engine_ttft_s": "ttft"}  # lone_latency_s's column: vLLM's histogram
 
 
 def ttft_by_load_table(records: pd.DataFrame,
@@ -976,7 +1014,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
            "parameter_value",
-           "planned_run", "predicted_metrics", "process_table", "profile_for_run", "queue_split",
+           "JOIN_KEYS", "lone_latency_s", "planned_run", "predicted_metrics", "process_table",
+           "profile_for_run", "queue_split",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",
            "run_window", "scaled_profile", "shipped_runs", "sim_counter_metrics",
            "sim_offload_metrics", "simulate_replay", "simulate_run", "summary", "summary_table",

@@ -375,8 +375,15 @@ def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
     set a's did not; the reference reads the run files directly."""
     import json
     run_dir = LIVE / validate.HELD_OUT_ROOT / held_out_set / "dram"
-    sim = pd.DataFrame({"queue_s": [0.0], "load_s": [0.0], "ttft_s": [0.1]})
+    keys = read_run(run_dir).records[["session_id", "turn"]]
+    sim = keys.assign(queue_s=0.001 * keys.session_id, load_s=0.002, ttft_s=0.1)
     split = validate.queue_split(run_dir, sim)
+    lone = validate.lone_latency_s(read_run(run_dir).records, read_run(run_dir).samples)["queue_s"]
+    assert split["lone_requests"] == len(lone) > 0
+    assert split["live_lone_queue_ms"] == pytest.approx(1e3 * lone.median(), nan_ok=True)
+    sim_lone_ms = 1e3 * (0.001 * lone.index.get_level_values("session_id") + 0.002)
+    assert split["sim_lone_queue_and_load_ms"] == pytest.approx(np.median(sim_lone_ms),
+                                                               nan_ok=True)
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").open()]
     slow = sum(s["scrape_duration_s"] > 0.5 for s in samples) / len(samples)
     records = [json.loads(line) for line in (run_dir / "records.jsonl").open()]
@@ -461,3 +468,26 @@ def test_replicate_conditions_read_the_probe_and_the_outside_cpu() -> None:
     assert newest.outside_busy.between(-0.05, 0.05).all(), newest.outside_busy
     assert table.loc[validate.FIT_RUN].host_busy.isna().all()
     assert (table.lone_decode_step_ms > 0).all()
+
+
+def test_lone_latency_is_the_one_finish_of_its_sample_interval() -> None:
+    """vLLM observes a request's latencies when it finishes: a lone request's are its
+    interval's increases only where it alone finished there and each histogram counted one."""
+    records = pd.DataFrame({
+        "session_id": [0, 1, 2, 3], "turn": [0, 0, 0, 1], "tier": "dram", "error": "",
+        "send_s": [0.1, 1.2, 1.7, 2.1], "first_token_s": [0.2, 1.3, 1.8, 2.2],
+        "finish_s": [0.5, 1.6, 1.9, 2.4]}).assign(ttft_s=lambda r: r.first_token_s - r.send_s)
+    counts = [0.0, 1.0, 3.0, 5.0]  # two finished in (1, 2]; (2, 3] counted two
+    samples = pd.DataFrame({"time_s": [0.0, 1.0, 2.0, 3.0],
+                            "queue_time_count": counts, "queue_time_sum_s": [0, .007, .02, .05],
+                            "prefill_time_count": counts,
+                            "prefill_time_sum_s": [0, .05, .1, .2],
+                            "ttft_count": counts, "ttft_sum_s": [0, .08, .2, .3]})
+    lone = validate.lone_latency_s(records, samples)
+    assert list(lone.index) == [(0, 0)]
+    assert lone.iloc[0].to_dict() == pytest.approx(
+        {"queue_s": 0.007, "prefill_s": 0.05, "engine_ttft_s": 0.08, "ttft_s": 0.1})
+    other = samples.assign(prefill_time_count=[0.0, 2.0, 3.0, 5.0])  # one more observed
+    assert validate.lone_latency_s(records, other).empty
+    overlapping = records.assign(finish_s=[1.15, 1.6, 1.9, 2.4])  # 0 overlaps 1 now
+    assert validate.lone_latency_s(overlapping, samples).empty
