@@ -822,6 +822,28 @@ LONE_HISTOGRAMS = {"queue_s": "queue_time", "prefill_s": "prefill_time",
                    "engine_ttft_s": "ttft"}  # lone_latency_s's column: vLLM's histogram
 
 
+def lone_split(run: Run, result: SimResult, profile: SimProfile) -> dict[str, float]:
+    """Where the TTFT of `lone_latency_s`'s requests goes, live and in the twin replaying
+    the run (`simulate_replay`), medians in ms: the front end (live, the client's TTFT less
+    vLLM's queue and prefill time; the twin's `ServerProfile.front_end_s`), before
+    scheduling (vLLM's queue time; the twin's queue and load) and after it (vLLM's prefill
+    time, scheduled to first token; the twin's rest). Tells a fitted cost the twin spends
+    before scheduling from one live spends after it."""
+    lone = lone_latency_s(run.records, run.samples)
+    sim = result.records.set_index(JOIN_KEYS).reindex(lone.index)
+    server = profile_for_run(profile, run.meta).server_for(run.meta["tier"])
+    front = server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
+    wait = sim["queue_s"] + sim["load_s"]
+    parts = {"front_end": (lone["ttft_s"] - lone["queue_s"] - lone["prefill_s"], front),
+             "before_scheduling": (lone["queue_s"], wait),
+             "after_scheduling": (lone["prefill_s"], sim["ttft_s"] - front - wait)}
+    out: dict[str, Any] = {"tier": run.meta["tier"], "lone_requests": len(lone)}
+    for name, (live, twin) in parts.items():
+        out[f"live_{name}_ms"] = 1e3 * float(live.median())
+        out[f"sim_{name}_ms"] = 1e3 * float(twin.median())
+    return out
+
+
 def ttft_by_load_table(records: pd.DataFrame,
                        pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """`ttft_by_load` for each (run, tier) of `pairs`, from `validation_table`'s records."""
@@ -1013,9 +1035,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "decode_residuals", "disturbance_table", "error_unit", "fit_guard_metrics",
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
-           "parameter_value",
-           "JOIN_KEYS", "lone_latency_s", "planned_run", "predicted_metrics", "process_table",
-           "profile_for_run", "queue_split",
+           "parameter_value", "JOIN_KEYS", "lone_latency_s", "lone_split", "planned_run",
+           "predicted_metrics", "process_table", "profile_for_run", "queue_split",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",
            "run_window", "scaled_profile", "shipped_runs", "sim_counter_metrics",
            "sim_offload_metrics", "simulate_replay", "simulate_run", "summary", "summary_table",

@@ -491,3 +491,25 @@ def test_lone_latency_is_the_one_finish_of_its_sample_interval() -> None:
     assert validate.lone_latency_s(records, other).empty
     overlapping = records.assign(finish_s=[1.15, 1.6, 1.9, 2.4])  # 0 overlaps 1 now
     assert validate.lone_latency_s(overlapping, samples).empty
+
+
+def test_lone_split_puts_each_part_of_the_ttft_on_its_side() -> None:
+    """On the fit run's DRAM tier: live, vLLM's own histograms (`lone_latency_s`); in the
+    twin, its front end, its queue and load and the rest add up to each request's TTFT."""
+    profile = load_profile(PROFILE)
+    run = read_run(LIVE / validate.FIT_RUN / "dram")
+    result = validate.simulate_replay(run, profile)
+    split = validate.lone_split(run, result, profile)
+    lone = validate.lone_latency_s(run.records, run.samples)
+    assert split["tier"] == "dram" and split["lone_requests"] == len(lone) >= 5
+    assert split["live_before_scheduling_ms"] == pytest.approx(1e3 * lone.queue_s.median())
+    assert split["live_after_scheduling_ms"] == pytest.approx(1e3 * lone.prefill_s.median())
+    sim = result.records.set_index(["session_id", "turn"]).loc[lone.index]
+    server = profile.server
+    front = (server.front_end_latency_s + server.front_end_per_token_s * sim.prompt_tokens) \
+        * sim.front_stretch
+    assert split["sim_front_end_ms"] == pytest.approx(1e3 * front.median())
+    assert split["sim_before_scheduling_ms"] == pytest.approx(
+        1e3 * (sim.queue_s + sim.load_s).median())
+    assert split["sim_after_scheduling_ms"] == pytest.approx(
+        1e3 * (sim.ttft_s - front - sim.queue_s - sim.load_s).median())

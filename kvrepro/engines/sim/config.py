@@ -88,6 +88,12 @@ class ServerProfile(TwinRates, EngineSpec):
         """The model as a ModelSpec (catalog lookup for a name)."""
         return get_model(self.model) if isinstance(self.model, str) else self.model
 
+    def front_end_s(self, prompt_tokens: Any, stretch: Any = 1.0) -> Any:
+        """The API server's time on a request, on top of the engine's (a constant, and the
+        per-token work of a prompt sent as text), stretched by its share of its CPUs; a
+        number, or a column for columns (`validate.lone_split` takes the twin's apart)."""
+        return (self.front_end_latency_s + self.front_end_per_token_s * prompt_tokens) * stretch
+
     def gpu_spec(self) -> GpuSpec:
         """A GpuSpec with this profile's rates, for `kvrepro.calc.roofline`.
 

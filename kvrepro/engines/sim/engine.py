@@ -83,8 +83,7 @@ class Engine:
         self.loaded_keys = [f"loaded_tokens_{name}" for name in self.store_names]
         self.duration_s, self.warmup_s, self.hard_end_s = duration_s, warmup_s, hard_end_s
         self.sample_interval_s = profile.sample_interval_s
-        self.front_end_s = server.front_end_latency_s  # what the client sees on top
-        self.front_end_per_token_s = server.front_end_per_token_s
+        self.server = server  # its front end: what the client sees on top (`_front_end`)
         # the load client's concurrency limit: turns due while it is reached wait, unsent
         self.max_in_flight, self.in_flight = max_in_flight, 0
         self.backlog: deque[TurnArrival] = deque()
@@ -391,10 +390,7 @@ class Engine:
             sched.lookup_stretch = host.stretch("lmcache_server", i)
 
     def _front_end(self, req: Request) -> float:
-        """The API server's time on a request, on top of the engine's (a constant, and the
-        per-token work of a prompt sent as text), stretched by its share of its CPUs."""
-        return (self.front_end_s + self.front_end_per_token_s * req.prompt_tokens) \
-            * req.front_stretch
+        return self.server.front_end_s(req.prompt_tokens, req.front_stretch)
 
     def _record(self, req: Request, error: str = "") -> dict[str, Any]:
         cached = max(req.cached_prompt_tokens, 0)
