@@ -35,7 +35,7 @@ $(BIN)/python:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # rfc3987-syntax (jsonschema's optional `iri` format checker, pulled in by Jupyter's
-# jsonschema[format-nongpl]) compiles ~35 Earley grammars when imported: 1.6 s of CPU in every
+# jsonschema[format-nongpl]) compiles ~35 Earley grammars when imported: 1.1-1.2 s of CPU in every
 # process that imports jsonschema, i.e. Ray (each of vLLM's three processes, every Ray worker)
 # and nbformat (papermill, nbval). Nothing here validates `iri`; without it jsonschema skips
 # that one format (python-jsonschema/jsonschema#1428). Installing `rfc3987` would make

@@ -761,6 +761,13 @@ SLOW_SCRAPE_S = 0.5
 counts as slow: the API server or the client's loop was held up meanwhile."""
 
 
+JOIN_KEYS = ["session_id", "turn"]  # a request of a run
+
+
+LONE_HISTOGRAMS = {"queue_s": "queue_time", "prefill_s": "prefill_time",
+                   "engine_ttft_s": "ttft"}  # lone_latency_s's column: vLLM's histogram
+
+
 def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, float]:
     """Mean time before scheduling and mean TTFT, live (vLLM's own histograms: queue time,
     TTFT at the engine; the client's TTFT) and in the twin (`queue_s` + `load_s`, TTFT).
@@ -789,9 +796,6 @@ def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, flo
             "sim_lone_queue_and_load_ms": 1e3 * float(sim_wait_s.reindex(lone.index).median())}
 
 
-JOIN_KEYS = ["session_id", "turn"]  # a request of a run
-
-
 def lone_latency_s(records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame:
     """vLLM's own latency split of each request that had the server to itself
     (`fit.isolated`) and was the only request to finish in its sample interval, indexed by
@@ -818,11 +822,7 @@ def lone_latency_s(records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
     return out[ok]
 
 
-LONE_HISTOGRAMS = {"queue_s": "queue_time", "prefill_s": "prefill_time",
-                   "engine_ttft_s": "ttft"}  # lone_latency_s's column: vLLM's histogram
-
-
-def lone_split(run: Run, result: SimResult, profile: SimProfile) -> dict[str, float]:
+def lone_split(run: Run, result: SimResult, profile: SimProfile) -> dict[str, Any]:
     """Where the TTFT of `lone_latency_s`'s requests goes, live and in the twin replaying
     the run (`simulate_replay`), medians in ms: the front end (live, the client's TTFT less
     vLLM's queue and prefill time; the twin's `ServerProfile.front_end_s`), before
@@ -1025,7 +1025,7 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
     return table
 
 
-__all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT",
+__all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "redrawn", "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
@@ -1035,7 +1035,7 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "decode_residuals", "disturbance_table", "error_unit", "fit_guard_metrics",
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
-           "parameter_value", "JOIN_KEYS", "lone_latency_s", "lone_split", "planned_run",
+           "parameter_value", "lone_latency_s", "lone_split", "planned_run",
            "predicted_metrics", "process_table", "profile_for_run", "queue_split",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",
            "run_window", "scaled_profile", "shipped_runs", "sim_counter_metrics",
