@@ -316,13 +316,18 @@ class TierModel(StrictModel, Generic[StoreT]):
                                          "if not the server's")
     twin_lookup_s: float = Field(0.0, ge=0, description="twin: engine time per admission "
                                  "that asks the offload stores (the connector's lookup round "
-                                 "trip to LMCache); fitted for cpu_tiny, 0 elsewhere")
+                                 "trip to LMCache); measured for cpu_tiny (vLLM's queue "
+                                 "time of lone requests), 0 elsewhere")
     twin_connector_step_s: float = Field(0.0, ge=0, description="twin: the offload "
                                          "connector's cost per engine step; fitted for "
                                          "cpu_tiny, 0 elsewhere")
     twin_connector_request_s: float = Field(0.0, ge=0, description="twin: the connector's cost "
                                             "per request scheduled in a step (vLLM asks it "
                                             "about each); fitted for cpu_tiny, 0 elsewhere")
+    twin_connector_token_s: float = Field(0.0, ge=0, description="twin: the connector's "
+                                          "engine time per prompt token of a request in the "
+                                          "step that first schedules it (after its lookup "
+                                          "and load); fitted for cpu_tiny, 0 elsewhere")
     twin_write_back: bool = Field(False, description="twin what-if: computed KV goes to the "
                                   "first store only and evicted chunks move one store down "
                                   "(LMCache writes to every store)")

@@ -4,7 +4,7 @@
 this module fits what an offload tier adds to them. For each offload tier of the fit run:
 
 1. Connector cost per step. Decode steps of the live tier are slower than the twin's by an
-   amount that grows with the requests running at once (in the fit run's DRAM tier ~0.35 ms
+   amount that grows with the requests running at once (in the fit run's DRAM tier ~0.9 ms
    per running request; ~0 in its baseline): vLLM asks the connector about every scheduled
    request each step. Per request with more than `MIN_DECODE_STEPS` output tokens, live
    minus simulated mean decode step time (on the same request) is regressed on the number
@@ -18,24 +18,35 @@ this module fits what an offload tier adds to them. For each offload tier of the
    is not modelled)
 
    (`TierSpec.twin_connector_step_s`, `twin_connector_request_s`; running: requests).
-2. Loads. The twin runs the run's workload on the tier as deployed (`validate.simulate_run`). Per
+2. The lookup and the per-token cost, measured (`measured_costs`). vLLM's own histograms
+   split a lone request's time at the engine (`validate.lone_latency_s`): its queue time
+   (queued to scheduled) holds the connector's asynchronous lookup (and any load), its
+   prefill time (scheduled to first token) the steps. Against the twin replaying the run:
+
+       twin_lookup_s = median of (live queue time - the twin's wait around its lookup)
+                       / the LMCache server's stretch at the lookup
+       twin_connector_token_s = median of (live prefill time - the twin's steps without
+                                it) / (prompt tokens x the steps' host stretch)
+
+   (`TierSpec.twin_lookup_s`, `twin_connector_token_s`). Measured on 9 lone requests per
+   tier of the fit run; before 2026-12-05 the lookup was the intercept of the residual
+   regression below, which put ~20 ms more before scheduling than vLLM's queue time shows.
+3. Loads. The twin runs the run's workload on the tier as deployed (`validate.simulate_run`). Per
    request it says how many cached tokens came from the engine's prefix cache and how many
    from each offload store (`gpu_hit_tokens`, `loaded_tokens_<store>`). vLLM reports only
    their sum (`cached_prompt_tokens`), so the twin's split is used where its sum equals the
    live one: its GPU prefix cache is the structural claim the baseline validation checks.
-   For those requests that ran alone live, what the fitted step time leaves unexplained,
-   TTFT - (front end + chunks x (step overhead + connector cost of a one-request step) +
-   prefill FLOPs / rate), is regressed on the
-   bytes loaded from each store by ordinary least squares:
+   For those requests that ran alone live, what the fitted step time and the measured
+   connector costs leave unexplained, TTFT - (front end + chunks x (step overhead +
+   connector cost of a one-request step) + prefill FLOPs / rate + lookup x its stretch +
+   per-token cost x prompt tokens x host stretch), is regressed on the bytes loaded from
+   each store by least squares, without an intercept:
 
-       residual = twin_lookup_s x stretch + sum over stores of loaded_bytes / read_bw
+       residual = sum over stores of loaded_bytes / read_bw
 
-   The first coefficient is the connector's per-request cost (its lookup round trip to the
-   LMCache server, which vLLM's scheduler waits for: `TierSpec.twin_lookup_s`) as work, the
-   twin's stretch of the LMCache server at the request's lookup (`engines.sim.host_cpu`: its
-   share of the CPUs it shares; 1 where the host is not modelled, an intercept then); the
-   front end is stretched as the twin stretched it for the request. Each slope is one over a
-   store's effective read rate into the engine (`StoreModel.read_bw_bytes_s`).
+   Each slope is one over a store's effective read rate into the engine
+   (`StoreModel.read_bw_bytes_s`); the front end is stretched as the twin stretched it for
+   the request.
 
 Two passes: the attribution of the first uses the spec's rates, the second the fitted ones
 (loads that take longer shift the schedule a little). Writes are not fitted: LMCache's
@@ -53,7 +64,13 @@ import numpy as np
 import pandas as pd
 
 from kvrepro.calibration.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
-from kvrepro.calibration.validate import JOIN_KEYS, simulate_run
+from kvrepro.calibration.validate import (
+    JOIN_KEYS,
+    lone_latency_s,
+    profile_for_run,
+    simulate_replay,
+    simulate_run,
+)
 from kvrepro.engines.sim.config import SimProfile
 from kvrepro.engines.sim.engine import SimResult
 from kvrepro.records import Run, read_run
@@ -74,6 +91,8 @@ class OffloadFit:
     rms_s: float
     n_decode: int = 0
     decode_rms_s: float = float("nan")
+    twin_connector_token_s: float = 0.0
+    n_lookup: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -154,35 +173,68 @@ def offload_points(run: Run, result: SimResult, deployed: SimProfile,
     predicted_s = _step_model_s(rows, deployed, run.meta["tier"])
     front_s = deployed.server.front_end_latency_s * (rows["front_stretch"].to_numpy() - 1)
     out = pd.DataFrame({"residual_s": rows["ttft_s"].to_numpy() - predicted_s - front_s,
-                        "lookup_stretch": rows["lookup_stretch"].to_numpy(float)})
+                        "lookup_stretch": rows["lookup_stretch"].to_numpy(float),
+                        "prompt_tokens": rows["prompt_tokens"].to_numpy(float),
+                        "host_stretch": rows["host_stretch"].to_numpy(float)})
     for name in stores:
         out[f"bytes_{name}"] = rows[f"loaded_tokens_{name}"].fillna(0).to_numpy() * kv
     return out, stores
 
 
-def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str,
-              run: str) -> OffloadFit:
-    """Least squares of the residual on [lookup stretch, bytes per store]; a store without
-    loads among the points keeps no fitted rate (listed in `notes`)."""
+def measured_costs(run: Run, profile: SimProfile) -> tuple[float, float, int]:
+    """The connector's lookup (as work) and its cost per prompt token after scheduling,
+    read off vLLM's own latency split of the run's lone requests (`validate.lone_latency_s`:
+    queue time, scheduled minus queued, is a lone request's lookup and load; prefill time,
+    first token minus scheduled, its steps), against the twin replaying the run with
+    `profile` (`validate.simulate_replay`). Per request: the live queue time less what the
+    twin adds around its lookup (its polling steps and load), over the LMCache server's
+    stretch at the lookup; and the live prefill time less the twin's steps without the
+    per-token cost, over its prompt tokens and the steps' host stretch. The medians, and how
+    many requests."""
+    lone = lone_latency_s(run.records, run.samples)
+    if len(lone) < 3:
+        raise ValueError(f"{run.path}: only {len(lone)} lone requests with vLLM's queue time "
+                         "to measure the lookup from")
+    tier = profile.tiers[run.meta["tier"]]
+    sim = simulate_replay(run, profile).records.set_index(JOIN_KEYS).reindex(lone.index)
+    lookup = sim["lookup_stretch"].to_numpy(float)
+    wait_s = sim["queue_s"] + sim["load_s"]
+    lookup_s = (lone["queue_s"] - wait_s + tier.twin_lookup_s * lookup) / lookup
+    server = profile_for_run(profile, run.meta).server_for(run.meta["tier"])
+    tokens = sim["prompt_tokens"] * sim["host_stretch"]
+    steps_s = (sim["ttft_s"] - server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
+               - wait_s - tier.twin_connector_token_s * tokens)
+    token_s = (lone["prefill_s"] - steps_s) / tokens
+    return (max(0.0, float(lookup_s.median())), max(0.0, float(token_s.median())), len(lone))
+
+
+def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str, run: str,
+              lookup_s: float, token_s: float) -> OffloadFit:
+    """Least squares of the residual less the measured connector costs (`measured_costs`:
+    `lookup_s` x the LMCache server's stretch, `token_s` x prompt tokens x the host
+    stretch) on the bytes loaded from each store, no intercept: each store's read rate. A
+    store without loads among the points keeps no fitted rate (listed in `notes`)."""
     used = [n for n in stores if (points[f"bytes_{n}"] > 0).sum() >= 3]
     if len(points) < 3 + len(used):
         raise ValueError(f"{run} {tier}: only {len(points)} lone requests to fit")
-    design = np.column_stack([points["lookup_stretch"].to_numpy(float)]
-                             + [points[f"bytes_{n}"].to_numpy(float) for n in used])
-    y = points["residual_s"].to_numpy(float)
+    y = (points["residual_s"] - lookup_s * points["lookup_stretch"]
+         - token_s * points["prompt_tokens"] * points["host_stretch"]).to_numpy(float)
+    design = np.column_stack([points[f"bytes_{n}"].to_numpy(float) for n in used]
+                             or [np.zeros(len(points))])
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     rms = float(np.sqrt(np.mean((y - design @ coef) ** 2)))
     rates, notes = {}, [f"{n}: fewer than 3 lone requests loaded from it, not fitted"
                         for n in stores if n not in used]
-    for name, slope in zip(used, coef[1:], strict=True):
+    for name, slope in zip(used, coef, strict=False):
         if slope <= 0:
             notes.append(f"{name}: load time does not grow with bytes (slope {slope:.3g}), "
                          "not fitted")
         else:
             rates[name] = float(1.0 / slope)
-    return OffloadFit(tier=tier, run=run, twin_lookup_s=max(0.0, float(coef[0])),
+    return OffloadFit(tier=tier, run=run, twin_lookup_s=lookup_s,
                       twin_connector_step_s=0.0, twin_connector_request_s=0.0,
-                      read_bw_bytes_s=rates, n_requests=len(points),
+                      read_bw_bytes_s=rates, twin_connector_token_s=token_s,
+                      n_requests=len(points),
                       n_loading={n: int((points[f"bytes_{n}"] > 0).sum()) for n in stores},
                       rms_s=rms, notes=notes)
 
@@ -195,6 +247,7 @@ def with_offload_fit(profile: SimProfile, fit: OffloadFit) -> SimProfile:
     tiers = dict(profile.tiers)
     tiers[fit.tier] = tier.model_copy(update={
         "stores": stores, "twin_lookup_s": fit.twin_lookup_s,
+        "twin_connector_token_s": fit.twin_connector_token_s,
         "twin_connector_step_s": fit.twin_connector_step_s,
         "twin_connector_request_s": fit.twin_connector_request_s})
     return profile.model_copy(update={"tiers": tiers})
@@ -214,11 +267,12 @@ def _fit_pass(run: Run, profile: SimProfile, previous: OffloadFit | None) -> Off
     seed = previous or OffloadFit(tier, name, 0.0, 0.0, 0.0, {}, 0, {}, float("nan"))
     with_connector = with_offload_fit(profile, replace(seed, twin_connector_step_s=step_s,
                                                        twin_connector_request_s=request_s))
+    lookup_s, token_s, n_lookup = measured_costs(run, with_connector)
     result, deployed, _ = simulate_run(run, with_connector)
     points, stores = offload_points(run, result, deployed)
-    fit = fit_loads(points, stores, tier, name)
+    fit = fit_loads(points, stores, tier, name, lookup_s, token_s)
     return replace(fit, twin_connector_step_s=step_s, twin_connector_request_s=request_s,
-                   n_decode=len(dec), decode_rms_s=dec_rms)
+                   n_lookup=n_lookup, n_decode=len(dec), decode_rms_s=dec_rms)
 
 
 def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
@@ -234,4 +288,4 @@ def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
 
 
 __all__ = ["OffloadFit", "connector_points", "fit_connector", "fit_loads", "fit_offload_tier",
-           "offload_points", "with_offload_fit"]
+           "measured_costs", "offload_points", "with_offload_fit"]

@@ -112,8 +112,10 @@ def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fi
         for key in COST_NOTES:
             fitted = (fit is not None if offload_fits is not None
                       else f"{name}.{key}" in FITTED_PARAMETERS)
-            rows.append((f"{name}.{key}", getattr(tier, key) * 1e3, "ms",
-                         "fitted" if fitted else "estimate", run if fitted else "not fitted"))
+            unit, scale = COST_UNITS.get(key, ("ms", 1e3))
+            rows.append((f"{name}.{key}", getattr(tier, key) * scale, unit,
+                         COST_KINDS.get(key, "fitted") if fitted else "estimate",
+                         run if fitted else "not fitted"))
         for store in tier.stores:
             key = f"{name}.{store.name}.read_bw_bytes_s"
             fitted = (fit is not None and store.name in fit.read_bw_bytes_s
@@ -299,11 +301,20 @@ LMCACHE_TIER_NOTES = {"dram": "LMCache L1 in RAM",
 StatedSpec = str | Path | Mapping[str, Any] | None
 """The server spec whose LMCache tiers are stated: a YAML file, its raw mapping
 (`load_yaml`), or None for the shipped data/servers/cpu_tiny.yaml."""
-COST_NOTES = {"twin_lookup_s": "fitted: intercept of lone TTFT residuals vs bytes loaded",
+COST_NOTES = {"twin_lookup_s": "measured: vLLM's queue time of lone requests, as work",
               "twin_connector_step_s": "fitted: intercept of decode-step excess vs running",
-              "twin_connector_request_s": "fitted: slope of that line, per running request"}
-"""The fitted connector costs of an LMCache tier (`OffloadFit`'s fields of the same names):
-the keys of a tier the fit writes; the others are kept as the stated spec says them."""
+              "twin_connector_request_s": "fitted: slope of that line, per running request",
+              "twin_connector_token_s": "fitted: lone TTFT residual less the lookup, per "
+                                        "prompt token"}
+"""The connector costs of an LMCache tier the fit writes (`OffloadFit`'s fields of the same
+names): the keys of a tier the fit writes; the others are kept as the stated spec says them."""
+FIT_KINDS = ("fitted", "measured")
+"""`fitted_parameters`' kinds of the numbers the fit run gives (`validate.FITTED_PARAMETERS`)."""
+COST_KINDS = {"twin_lookup_s": "measured"}
+"""The kind of a connector cost the fit writes where it is not `fitted`: the lookup is read
+off vLLM's own queue-time histograms (`fit_offload.measured_lookup_s`), not fitted."""
+COST_UNITS = {"twin_connector_token_s": ("us/token", 1e6)}
+"""`fitted_parameters`' unit and scale of a connector cost, where not ms."""
 
 
 def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
@@ -365,7 +376,10 @@ def _offload_note(fit: OffloadFit | None) -> list[str]:
         return ["not fitted: read rates are estimates, connector costs 0"]
     rates = ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in fit.read_bw_bytes_s.items())
     return [f"FITTED on {fit.run} (kvrepro.calibration.fit_offload):",
-            f"lookup {fit.twin_lookup_s * 1e3:.2f} ms and read rates ({rates}) from",
+            f"lookup {fit.twin_lookup_s * 1e3:.2f} ms measured on {fit.n_lookup} lone "
+            "requests' vLLM queue time;",
+            f"{fit.twin_connector_token_s * 1e6:.2f} us per prompt token and read rates "
+            f"({rates}) from",
             f"{fit.n_requests} lone requests (rms {fit.rms_s * 1e3:.1f} ms); connector "
             f"{fit.twin_connector_step_s * 1e3:.3f} ms per step",
             f"+ {fit.twin_connector_request_s * 1e3:.3f} ms per running request from "
@@ -554,6 +568,7 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     offload costs fitted once more (a third round moves the split by 0.2 % on the fit run)."""
     root = Path(campaign_dir)
     out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
     stated = read_stated(stated_spec if stated_spec is not None
                          else out if out.exists() else None)
     baselines, offload_tiers = _split_tiers(root)
@@ -599,7 +614,7 @@ def replicate_fits(out_dir: str | Path, live_dir: str | Path | None = None,
         profiles[name] = fit_and_write(root / name, Path(out_dir) / name / "spec.yaml",
                                        stated_spec=stated_spec)[2]
         table = fitted_parameters(profiles[name])
-        columns[name] = table[table.kind == "fitted"].set_index(["parameter", "unit"]).value
+        columns[name] = table[table.kind.isin(FIT_KINDS)].set_index(["parameter", "unit"]).value
     return pd.DataFrame(columns).reset_index(), profiles
 
 
@@ -614,14 +629,15 @@ def main(argv: list[str] | None = None) -> None:
     for tier, f in fits.items():
         print(f"  {tier}: lookup {f.twin_lookup_s * 1e3:.2f} ms, connector "
               f"{f.twin_connector_step_s * 1e3:.3f} + "
-              f"{f.twin_connector_request_s * 1e3:.3f} ms/request, "
+              f"{f.twin_connector_request_s * 1e3:.3f} ms/request + "
+              f"{f.twin_connector_token_s * 1e6:.2f} us/prompt token, "
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["COST_NOTES", "FIT_START_READ_BW", "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText",
-           "StatedSpec", "fit_and_write", "fitted_parameters", "main", "read_stated",
-           "replicate_fits",
-           "spec_text", "stated_baselines", "stated_lmcache_tiers", "write_profile_yaml"]
+__all__ = ["COST_KINDS", "COST_NOTES", "COST_UNITS", "FIT_KINDS", "FIT_START_READ_BW",
+           "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write",
+           "fitted_parameters", "main", "read_stated", "replicate_fits", "spec_text",
+           "stated_baselines", "stated_lmcache_tiers", "write_profile_yaml"]
 
 
 if __name__ == "__main__":

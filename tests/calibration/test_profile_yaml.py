@@ -91,11 +91,15 @@ def test_the_stated_spec_can_be_passed_explicitly(tmp_path: Path) -> None:
 
 
 def test_fitted_parameters_follow_the_fit(tmp_path: Path) -> None:
-    """Read rates and connector costs are `fitted` where the fit gave them, and those are
-    `validate.FITTED_PARAMETERS`, the kinds of a profile read from a file."""
+    """Read rates and connector costs are `fitted` (the lookups `measured`) where the fit
+    gave them, and those are `validate.FITTED_PARAMETERS`, the kinds of a profile read from
+    a file."""
     _, fits, fresh, _ = profile_yaml.fit_and_write(FIT_RUN, tmp_path / "fresh.yaml")
     table = profile_yaml.fitted_parameters(fresh, offload_fits=fits)
-    assert set(table[table.kind == "fitted"].parameter) == set(validate.FITTED_PARAMETERS)
+    given = table[table.kind.isin(profile_yaml.FIT_KINDS)]
+    assert set(given.parameter) == set(validate.FITTED_PARAMETERS)
+    assert set(table[table.kind == "measured"].parameter) == {"dram.twin_lookup_s",
+                                                              "flash.twin_lookup_s"}
     from_file = profile_yaml.fitted_parameters(load_profile(SHIPPED))
     assert from_file.kind.tolist() == table.kind.tolist()
     no_fit = profile_yaml.fitted_parameters(fresh, offload_fits={})
@@ -123,7 +127,7 @@ def test_replicate_fits_refit_every_full_recording_of_the_fit_command(tmp_path: 
         "servers", "cpu_tiny.yaml"))
     assert list(profiles) == [validate.FIT_RUN, validate.REPLICATES[-1]]  # the probe: 1 tier
     shipped = profile_yaml.fitted_parameters(load_profile(data_file("servers", "cpu_tiny.yaml")))
-    shipped = shipped[shipped.kind == "fitted"].set_index("parameter").value
+    shipped = shipped[shipped.kind.isin(profile_yaml.FIT_KINDS)].set_index("parameter").value
     values = table.set_index("parameter")
     assert set(values.index) == set(validate.FITTED_PARAMETERS)
     assert values[validate.FIT_RUN].to_dict() == pytest.approx(shipped.to_dict())

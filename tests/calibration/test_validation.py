@@ -70,9 +70,11 @@ def test_shipped_profile_is_what_the_fit_gives_today(shipped, tmp_path: Path) ->
 
 def test_fitted_parameters_name_their_run(shipped) -> None:
     table = profile_yaml.fitted_parameters(shipped[0])
-    fitted = table[table.kind == "fitted"]
-    assert {"fp16_tflops", "dram.twin_lookup_s",
-            "flash.flash.read_bw_bytes_s"} <= set(fitted.parameter)
+    fitted = table[table.kind.isin(profile_yaml.FIT_KINDS)]
+    assert {"fp16_tflops", "dram.twin_connector_token_s",
+            "flash.flash.read_bw_bytes_s"} <= set(table[table.kind == "fitted"].parameter)
+    assert set(table[table.kind == "measured"].parameter) == {"dram.twin_lookup_s",
+                                                              "flash.twin_lookup_s"}
     assert fitted.fitted_on.str.startswith("data/live/cpu_tiny_fit/").all()
     staging = table.set_index("parameter").loc["flash.staging.read_bw_bytes_s"]
     assert staging.kind == "estimate"  # skip_l1: the fit run never read from it

@@ -113,8 +113,8 @@ def test_run_folders_record_the_spec_names(profile: SimProfile) -> None:
     record = tier.meta_record()
     assert list(record) == ["name", "stores", "lmcache", "kv_cache_bytes", "twin_lookup_s",
                             "twin_connector_step_s", "twin_connector_request_s",
-                            "twin_write_back", "lmcache_mode", "load_async", "lookup_async",
-                            "skip_l1"]
+                            "twin_connector_token_s", "twin_write_back", "lmcache_mode",
+                            "load_async", "lookup_async", "skip_l1"]
     assert record["stores"] == [s.model_dump(mode="json") for s in tier.stores]
     assert tier_record(record) == record  # already in the spec's names
     server = profile.meta_record()["server"]

@@ -118,7 +118,9 @@ def test_the_twin_stretches_what_shares_the_busy_cpus() -> None:
     for column in ("front_stretch", "lookup_stretch", "host_stretch"):
         assert shared[column].max() > 1.05 and shared[column].min() >= 1.0
         assert (alone[column] == 1.0).all()
-    assert shared.ttft_s.median() > alone.ttft_s.median()
+    # on the same requests (the host model's slower run serves fewer in the minute)
+    both = shared.merge(alone, on=["session_id", "turn"], suffixes=("", "_alone"))
+    assert both.ttft_s.median() > both.ttft_s_alone.median()
 
 
 def test_the_host_part_split_is_measured_on_the_shipped_stacks() -> None:

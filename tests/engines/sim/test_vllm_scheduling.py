@@ -122,6 +122,26 @@ def test_the_newest_running_request_is_preempted(profile: SimProfile) -> None:
     assert c.state == RequestState.WAITING
 
 
+def test_the_connector_token_cost_is_paid_once_per_request(profile: SimProfile) -> None:
+    """`twin_connector_token_s` per prompt token, in the step that first schedules the
+    request (the live LMCache tiers' prefill phase grows with the prompt): a request
+    preempted and admitted again does not pay it twice."""
+    tier = _async_tier(profile).model_copy(update={"twin_connector_token_s": 1e-3})
+    sched = _scheduler(profile, blocks=11, budget=64, tier=tier)
+    a, b = _request(1, prompt=64, output=60), _request(2, prompt=64, output=60)
+    sched.waiting.extend([a, b])
+    paid, now_s = [], 0.0
+    for _ in range(400):
+        plan, now_s = _step(sched, now_s)
+        if plan is not None and plan.new_prompt_tokens:
+            paid.append((plan.new_prompt_tokens, plan.duration_s))
+        if a.state == b.state == RequestState.FINISHED:
+            break
+    assert b.preemptions >= 1
+    assert [tokens for tokens, _ in paid] == [64, 64]
+    assert all(duration_s > 64e-3 for _, duration_s in paid)
+
+
 def test_a_preempted_request_recomputes_from_its_prefix_hit(profile: SimProfile) -> None:
     """A preempted request is admitted again as a new one, with a prefix-cache lookup
     (its num_computed_tokens is 0): its own full blocks, if still cached, are hits."""
