@@ -202,18 +202,18 @@ def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str) -> float:
 
 def stored_predictions(live_dir: str | Path | None = None) -> pd.DataFrame:
     """Every committed prediction of the package's plans under `live_dir` (default: the
-    package's data/live): `validate.HELD_OUT_ROOT`'s sets by name, `validate.REDRAWN_ROOT`'s
-    as `validate.redrawn(set)`; columns run, tier, metric, predicted."""
+    package's data/live): each draw's sets (`validate.DRAWS`) as `validate.redrawn(set,
+    suffix)`; columns run, tier, metric, predicted."""
     live = Path(live_dir) if live_dir is not None else data_file("live")
     parts = []
-    for folder, name_of in ((validate.HELD_OUT_ROOT, str),
-                            (validate.REDRAWN_ROOT, validate.redrawn)):
+    for folder, suffix in validate.DRAWS:
         if not plan_path(live / folder).exists():
             continue
         for name in load_plan(plan_path(live / folder)).sets:
             path = set_dir(name, live / folder) / PREDICTIONS
             if path.exists():
-                parts.append(pd.read_csv(path).drop(columns="set").assign(run=name_of(name)))
+                parts.append(pd.read_csv(path).drop(columns="set").assign(
+                    run=validate.redrawn(name, suffix)))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=["run", "tier", "metric", "predicted"])
 

@@ -490,16 +490,28 @@ pre-registered on the twin with its host-CPU model, because the runs of `HELD_OU
 used to choose between variants of that model and no longer score it. Their runs are named
 `redrawn(set)` in a validation table."""
 REDRAWN_SUFFIX = "-redrawn"
+THIRD_ROOT = "cpu_tiny_prereg_third"
+"""data/live/<THIRD_ROOT>: the five sets drawn a third time (seeds +200), pre-registered on
+the twin with the LMCache connector's measured lookup and per-token cost, because both earlier
+draws were used to find that change. Their runs are named `redrawn(set, THIRD_SUFFIX)`."""
+THIRD_SUFFIX = "-third"
+DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX))
+"""Every draw of the held-out sets, in order: its folder under data/live and the suffix its
+runs' names carry in a validation table (`redrawn`)."""
 
 
-def redrawn(name: str) -> str:
-    """The validation table's run name of held-out set `name` drawn again."""
-    return f"{name}{REDRAWN_SUFFIX}"
+def redrawn(name: str, suffix: str = REDRAWN_SUFFIX) -> str:
+    """The validation table's run name of held-out set `name` in the draw of `suffix`
+    (`DRAWS`; by default the second)."""
+    return f"{name}{suffix}"
 
 
 def set_of(run: str) -> str:
-    """The held-out set a run name stands for (a redrawn set's name without its suffix)."""
-    return run.removesuffix(REDRAWN_SUFFIX)
+    """The held-out set a run name stands for (a later draw's name without its suffix)."""
+    for _, suffix in DRAWS[1:]:
+        if run.endswith(suffix):
+            return run.removesuffix(suffix)
+    return run
 
 
 @functools.cache
@@ -528,16 +540,16 @@ LIVE_TIERS = ("small-kv", "dram", "flash")
 def shipped_runs(live_dir: str | Path | None = None,
                  tiers: tuple[str, ...] = LIVE_TIERS) -> dict[str, list[Path]]:
     """The fit run and the recorded held-out runs, tier folders by run name
-    (`validation_table`'s input): the sets of `HELD_OUT_ROOT`, then those of `REDRAWN_ROOT`
-    as `redrawn(set)`; `live_dir` defaults to the package's data/live. A set not recorded
-    yet (its predictions only) is left out."""
+    (`validation_table`'s input): the sets of each draw (`DRAWS`), named `redrawn(set,
+    suffix)`; `live_dir` defaults to the package's data/live. A set not recorded yet (its
+    predictions only) is left out."""
     root = Path(live_dir) if live_dir is not None else data_file("live")
     runs = {"fit": [root / FIT_RUN / t for t in tiers]}
-    for folder, name_of in ((HELD_OUT_ROOT, str), (REDRAWN_ROOT, redrawn)):
+    for folder, suffix in DRAWS:
         for name in held_out_sets():
             dirs = [root / folder / name / t for t in tiers]
             if all((d / "meta.json").exists() for d in dirs):
-                runs[name_of(name)] = dirs
+                runs[redrawn(name, suffix)] = dirs
     return runs
 
 
@@ -881,12 +893,13 @@ def summary(table: pd.DataFrame, tolerance: float = 10.0) -> dict[str, float]:
 
 
 def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
-    """`summary` per run, then for the held-out sets together, the redrawn ones together
-    (when the table has them) and every run (rows `held-out`, `held-out-redrawn`, `all`)."""
-    held = table[table["run"].isin(held_out_sets())]
-    again = table[table["run"].isin([redrawn(n) for n in held_out_sets()])]
+    """`summary` per run, then for each draw's held-out sets together (when the table has
+    them; rows `held-out`, `held-out-redrawn`, `held-out-third`) and every run (`all`)."""
     parts = [(run, part) for run, part in table.groupby("run", sort=False)]
-    parts += [("held-out", held)] + ([(redrawn("held-out"), again)] if len(again) else [])
+    for _, suffix in DRAWS:
+        drawn = table[table["run"].isin([redrawn(n, suffix) for n in held_out_sets()])]
+        if len(drawn) or not suffix:
+            parts.append((redrawn("held-out", suffix), drawn))
     parts += [("all", table)]
     return pd.DataFrame([{"run": run, **summary(part, tolerance)} for run, part in parts])
 
@@ -1035,7 +1048,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
-           "REDRAWN_ROOT", "REDRAWN_SUFFIX", "redrawn", "set_of", "DRIFT_ROOT", "drift_table",
+           "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "DRAWS", "redrawn",
+           "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",

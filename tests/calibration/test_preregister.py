@@ -99,15 +99,17 @@ def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
 
 
 def test_committed_predictions_are_scored_under_each_plans_run_names(tmp_path: Path) -> None:
-    """A redrawn set's predictions score the rows named `redrawn(set)`, not the old set's."""
-    for folder, value in ((preregister.PREREG_ROOT, 1.0), (validate.REDRAWN_ROOT, 2.0)):
+    """A later draw's predictions score the rows named `redrawn(set, suffix)`, not another
+    draw's."""
+    for (folder, _), value in zip(validate.DRAWS, (1.0, 2.0, 4.0), strict=True):
         (tmp_path / folder / "a-seed-rate").mkdir(parents=True)
         shutil.copy(data_file("live", folder, "plan.yaml"), tmp_path / folder / "plan.yaml")
         pd.DataFrame({"set": ["a-seed-rate"], "tier": ["dram"], "metric": ["ttft_median_s"],
                       "predicted": [value]}).to_csv(
             tmp_path / folder / "a-seed-rate" / preregister.PREDICTIONS, index=False)
-    table = pd.DataFrame({"run": ["a-seed-rate", validate.redrawn("a-seed-rate"), "fit"],
-                          "tier": "dram", "metric": "ttft_median_s", "live": 1.0})
+    runs = [validate.redrawn("a-seed-rate", suffix) for _, suffix in validate.DRAWS]
+    table = pd.DataFrame({"run": runs + ["fit"], "tier": "dram", "metric": "ttft_median_s",
+                          "live": 1.0})
     out = preregister.with_predictions(table, tmp_path)
-    assert out.predicted.tolist()[:2] == [1.0, 2.0] and pd.isna(out.predicted.iloc[2])
-    assert out.predicted_error.tolist()[:2] == pytest.approx([0.0, 100.0])
+    assert out.predicted.tolist()[:3] == [1.0, 2.0, 4.0] and pd.isna(out.predicted.iloc[3])
+    assert out.predicted_error.tolist()[:3] == pytest.approx([0.0, 100.0, 300.0])

@@ -407,12 +407,17 @@ def test_redrawn_sets_are_summarised_apart_and_keep_their_sets_tolerance() -> No
     rows = [(run, metric, error) for run in (saturating, validate.redrawn(saturating))
             for metric, error in (("ttft_median_s", 20.0), ("ttft_p90_s", 2.0))]
     rows += [(validate.redrawn(other), "ttft_median_s", 12.0)]
+    third = validate.redrawn(other, validate.THIRD_SUFFIX)
+    rows += [(third, "ttft_median_s", 7.0)]
     table = pd.DataFrame(rows, columns=["run", "metric", "error"]).assign(
         tier="dram", informative=True)
     summary = validate.summary_table(table).set_index("run")
     assert summary.loc["held-out", "n_metrics"] == 2
     assert summary.loc[validate.redrawn("held-out"), "n_metrics"] == 3
     assert summary.loc[validate.redrawn("held-out"), "median_abs_error"] == 12.0
+    assert summary.loc[validate.redrawn("held-out", validate.THIRD_SUFFIX),
+                       "median_abs_error"] == 7.0
+    assert validate.set_of(third) == other == validate.set_of(validate.redrawn(other))
     records = pd.DataFrame(columns=["engine", "run", "tier", "is_resume", "is_warmup"])
     goals = validate.goal_table(table, records, runs=tuple(
         validate.redrawn(s) for s in validate.held_out_sets())).set_index("goal")
