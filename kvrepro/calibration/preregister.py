@@ -33,7 +33,7 @@ from kvrepro._checks import load_yaml, validate_model
 from kvrepro._paths import data_file, safe_name
 from kvrepro.calibration import validate
 from kvrepro.engines.live.tiers import live_tier
-from kvrepro.engines.sim.config import sim_profile
+from kvrepro.engines.sim.config import SimProfile, sim_profile
 from kvrepro.records import read_run
 from kvrepro.tier_spec import ServerSpec, load_server, override_server
 from kvrepro.workload import build_workload
@@ -58,6 +58,9 @@ class Plan(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     server: str = Field(description="server spec file, relative to the project root")
+    fitted_on: str | None = Field(None, description=(
+        "the fit campaign (relative to the project root) that `python -m "
+        "kvrepro.calibration` wrote `server` from; None: the package's spec and its fit run"))
     tiers: list[str] = Field(min_length=1)
     duration_s: float = Field(gt=0)
     warmup_s: float = Field(ge=0)
@@ -229,6 +232,21 @@ def with_predictions(table: pd.DataFrame, live_dir: str | Path | None = None) ->
     return out
 
 
+def draw_profiles(live_dir: str | Path | None = None) -> dict[str, SimProfile]:
+    """The twin of each run of a draw predicted from its own spec (a plan with `fitted_on`),
+    by run name (`validate.redrawn(set, suffix)`): `validate.validation_table`'s `own`, so
+    that the table's `sim` is the twin that made the committed predictions."""
+    live = Path(live_dir) if live_dir is not None else data_file("live")
+    own = {}
+    for folder, suffix in validate.DRAWS:
+        path = plan_path(live / folder)
+        plan = load_plan(path) if path.exists() else None
+        if plan is not None and plan.fitted_on:
+            profile = sim_profile(load_server(data_file().parent / plan.server))
+            own.update({validate.redrawn(name, suffix): profile for name in plan.sets})
+    return own
+
+
 def held_out_runs(plan: Plan, root: str | Path | None = None) -> dict[str, list[Path]]:
     """The recorded sets' tier folders by set name (`validate.validation_table`'s input)."""
     return {name: [set_dir(name, root) / t for t in plan.tiers
@@ -265,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
-__all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "held_out_runs", "load_plan",
-           "planned_meta", "predict_set", "protocol_table", "record_set", "set_dir",
+__all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "draw_profiles", "held_out_runs",
+           "load_plan", "planned_meta", "predict_set", "protocol_table", "record_set", "set_dir",
            "set_server", "set_workload", "stored_predictions", "with_predictions",
            "write_predictions"]
 

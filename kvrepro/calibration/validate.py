@@ -459,17 +459,20 @@ def compare_run(run_dir: str | Path, profile: SimProfile,
     return RunComparison(table, run.records, result.records, result.stats, wall_s)
 
 
-def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
+def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
+                     own: Mapping[str, SimProfile] | None = None
                      ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Compare every tier folder of every named run: (table, live + sim records).
 
-    `runs` maps a run name (e.g. "fit", "held-out") to its tier folders. The records frame
-    has both engines' records with a `run` column, for CDFs or other figures.
+    `runs` maps a run name (e.g. "fit", "held-out") to its tier folders; a run named in
+    `own` is simulated on its own profile instead of `profile` (a draw predicted from a
+    same-day spec: `preregister.draw_profiles`). The records frame has both engines'
+    records with a `run` column, for CDFs or other figures.
     """
     tables, records = [], []
     for name, tier_dirs in runs.items():
         for tier_dir in tier_dirs:
-            cmp = compare_run(tier_dir, profile, run_name=name)
+            cmp = compare_run(tier_dir, (own or {}).get(name, profile), run_name=name)
             tables.append(cmp.table)
             records += [cmp.live_records.assign(run=name), cmp.sim_records.assign(run=name)]
     return (pd.concat(tables, ignore_index=True),
@@ -495,7 +498,14 @@ THIRD_ROOT = "cpu_tiny_prereg_third"
 the twin with the LMCache connector's measured lookup and per-token cost, because both earlier
 draws were used to find that change. Their runs are named `redrawn(set, THIRD_SUFFIX)`."""
 THIRD_SUFFIX = "-third"
-DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX))
+FOURTH_ROOT = "cpu_tiny_prereg_fourth"
+"""data/live/<FOURTH_ROOT>: the five sets drawn a fourth time (seeds +300), pre-registered on
+the frozen twin with a spec the fit routine wrote on the fit campaign recorded again that day
+(its plan's `fitted_on`), because the third draw's miss was mostly the machine's drift since
+the fit day. Their runs are named `redrawn(set, FOURTH_SUFFIX)`."""
+FOURTH_SUFFIX = "-fourth"
+DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX),
+         (FOURTH_ROOT, FOURTH_SUFFIX))
 """Every draw of the held-out sets, in order: its folder under data/live and the suffix its
 runs' names carry in a validation table (`redrawn`)."""
 
@@ -608,11 +618,13 @@ def drift_table(profile: SimProfile, live_dir: str | Path | None = None,
     return table.assign(live_change_pct=change.where(~table.index.str.contains("residual")))
 
 
-REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat", "cpu_tiny_fit_repeat2")
-"""data/live/<name>: the fit campaign's command recorded at four times, oldest first: the fit
-run (2026-12-02 06:55 UTC), the drift probe (its baseline tier, 2026-12-05 03:10) and two
-replicates of all three tiers (2026-12-05 04:49 and 05:12; their run.sh call the fit's, the
-second's runs carry the speed probe and the host's CPU counters)."""
+REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat", "cpu_tiny_fit_repeat2",
+              "cpu_tiny_fit_repeat3")
+"""data/live/<name>: the fit campaign's command recorded at five times, oldest first: the fit
+run (2026-12-02 06:55 UTC), the drift probe (its baseline tier, 2026-12-05 03:10) and three
+replicates of all three tiers (2026-12-05 04:49, 05:12 and 15:00; their run.sh call the fit's,
+the later two's runs carry the speed probe and the host's CPU counters; the last is the fourth
+draw's `fitted_on`)."""
 
 
 def replicate_conditions(live_dir: str | Path | None = None,
@@ -894,7 +906,8 @@ def summary(table: pd.DataFrame, tolerance: float = 10.0) -> dict[str, float]:
 
 def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
     """`summary` per run, then for each draw's held-out sets together (when the table has
-    them; rows `held-out`, `held-out-redrawn`, `held-out-third`) and every run (`all`)."""
+    them; rows `held-out`, `held-out-redrawn`, `held-out-third`, `held-out-fourth`) and every
+    run (`all`)."""
     parts = [(run, part) for run, part in table.groupby("run", sort=False)]
     for _, suffix in DRAWS:
         drawn = table[table["run"].isin([redrawn(n, suffix) for n in held_out_sets()])]
@@ -1048,7 +1061,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
-           "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "DRAWS", "redrawn",
+           "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
+           "FOURTH_SUFFIX", "DRAWS", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",

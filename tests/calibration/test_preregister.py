@@ -1,7 +1,8 @@
 """The pre-registered held-out runs (kvrepro.calibration.preregister): the plan is the one
 validation reads, every set has its committed predictions, each recorded run started after
 its predictions were committed (git history vs meta.json), and a prediction is refused once
-a set is recorded; all of it for both plans: the held-out sets and the same sets redrawn."""
+a set is recorded; all of it for every plan: the held-out sets and each later draw of them
+(`validate.DRAWS`)."""
 
 from __future__ import annotations
 
@@ -12,29 +13,67 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
-from kvrepro.calibration import preregister, validate
-from kvrepro.engines.live.tiers import read_tier_config
+from kvrepro.calibration import preregister, profile_yaml, validate
+from kvrepro.calibration.fit_host import demand_path
+from kvrepro.engines.live.tiers import live_tier, read_tier_config
 from kvrepro.records import read_run
 
 PLAN = preregister.load_plan()
 ROOT = data_file("live", preregister.PREREG_ROOT)
-REDRAWN = data_file("live", validate.REDRAWN_ROOT)
-PLANS = [pytest.param(root, id=root.name) for root in (ROOT, REDRAWN)]
+LATER = [data_file("live", folder) for folder, _ in validate.DRAWS[1:]]
+PLANS = [pytest.param(root, id=root.name) for root in (ROOT, *LATER)]
 
 
 def test_the_plan_is_the_validation_sets() -> None:
     assert PLAN.tiers == list(validate.LIVE_TIERS)
 
 
-def test_the_redrawn_sets_are_the_held_out_sets_with_new_seeds() -> None:
-    again = preregister.load_plan(preregister.plan_path(REDRAWN))
-    assert again.model_dump(exclude={"sets"}) == PLAN.model_dump(exclude={"sets"})
+@pytest.mark.parametrize("root", [pytest.param(r, id=r.name) for r in LATER])
+def test_a_later_draw_is_the_held_out_sets_with_new_seeds(root: Path) -> None:
+    """Only the seeds differ, and a draw predicted from a same-day spec (`fitted_on`)
+    deploys exactly the tiers of the package's spec: only the twin's constants moved."""
+    again = preregister.load_plan(preregister.plan_path(root))
+    same = {"sets", "server", "fitted_on"}
+    assert again.model_dump(exclude=same) == PLAN.model_dump(exclude=same)
+    assert (again.server == PLAN.server) == (again.fitted_on is None)
     assert list(again.sets) == list(PLAN.sets)
+    seeds = set()
     for name, held in PLAN.sets.items():
         redrawn = again.sets[name]
         assert redrawn.server == held.server, name
         assert {**redrawn.workload, "seed": None} == {**held.workload, "seed": None}, name
-        assert redrawn.workload["seed"] != held.workload["seed"], name
+        seeds.add(redrawn.workload["seed"] - held.workload["seed"])
+        ours, package = (preregister.set_server(p, name) for p in (again, PLAN))
+        for tier in PLAN.tiers:
+            assert (live_tier(ours, tier).meta_record()
+                    == live_tier(package, tier).meta_record()), (root.name, name, tier)
+    assert len(seeds) == 1 and 0 not in seeds, seeds
+
+
+SAME_DAY = [pytest.param(r, id=r.name) for r in LATER
+            if preregister.load_plan(preregister.plan_path(r)).fitted_on]
+
+
+@pytest.mark.parametrize("root", SAME_DAY)
+def test_a_same_day_spec_is_what_the_fit_routine_writes(root: Path, tmp_path: Path,
+                                                        monkeypatch) -> None:
+    """Nothing of a draw's own spec was typed in: the fit routine on the plan's `fitted_on`
+    campaign, run as its plan says (from the project root), writes the same spec and host
+    CPU demand, byte for byte."""
+    plan = preregister.load_plan(preregister.plan_path(root))
+    project = data_file().parent
+    monkeypatch.chdir(project)
+    shipped = project / plan.server
+    out = tmp_path / shipped.name
+    profile_yaml.fit_and_write(plan.fitted_on, out)
+    assert out.read_text() == shipped.read_text()
+    assert demand_path(out).read_text() == demand_path(shipped).read_text()
+
+
+def test_every_draw_has_its_own_seeds() -> None:
+    seeds = [preregister.load_plan(preregister.plan_path(r)).sets["a-seed-rate"]
+             .workload["seed"] for r in (ROOT, *LATER)]
+    assert len(set(seeds)) == len(seeds), seeds
 
 
 @pytest.mark.parametrize("root", PLANS)
@@ -101,7 +140,7 @@ def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
 def test_committed_predictions_are_scored_under_each_plans_run_names(tmp_path: Path) -> None:
     """A later draw's predictions score the rows named `redrawn(set, suffix)`, not another
     draw's."""
-    for (folder, _), value in zip(validate.DRAWS, (1.0, 2.0, 4.0), strict=True):
+    for (folder, _), value in zip(validate.DRAWS, (1.0, 2.0, 4.0, 8.0), strict=True):
         (tmp_path / folder / "a-seed-rate").mkdir(parents=True)
         shutil.copy(data_file("live", folder, "plan.yaml"), tmp_path / folder / "plan.yaml")
         pd.DataFrame({"set": ["a-seed-rate"], "tier": ["dram"], "metric": ["ttft_median_s"],
@@ -111,5 +150,5 @@ def test_committed_predictions_are_scored_under_each_plans_run_names(tmp_path: P
     table = pd.DataFrame({"run": runs + ["fit"], "tier": "dram", "metric": "ttft_median_s",
                           "live": 1.0})
     out = preregister.with_predictions(table, tmp_path)
-    assert out.predicted.tolist()[:3] == [1.0, 2.0, 4.0] and pd.isna(out.predicted.iloc[3])
-    assert out.predicted_error.tolist()[:3] == pytest.approx([0.0, 100.0, 300.0])
+    assert out.predicted.tolist()[:4] == [1.0, 2.0, 4.0, 8.0] and pd.isna(out.predicted.iloc[4])
+    assert out.predicted_error.tolist()[:4] == pytest.approx([0.0, 100.0, 300.0, 700.0])
