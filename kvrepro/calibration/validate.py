@@ -917,6 +917,22 @@ def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
     return pd.DataFrame([{"run": run, **summary(part, tolerance)} for run, part in parts])
 
 
+def draw_report(table: pd.DataFrame, records: pd.DataFrame, suffix: str = REDRAWN_SUFFIX,
+                tolerance: float = 10.0) -> str:
+    """One draw of the held-out sets scored (`DRAWS`; `table`'s `error` is what is scored,
+    e.g. the committed predictions'): a line per recorded set and one for the draw, then
+    `goal_table` on its runs; what each draw's section of notebook 06 prints."""
+    runs = tuple(redrawn(s, suffix) for s in held_out_sets())
+    scored = summary_table(table, tolerance).set_index("run")
+    lines = [f"{name}: {row.n_within:.0f} of {row.n_metrics:.0f} informative within "
+             f"{tolerance:g}, median |error| {row.median_abs_error:.1f}"
+             for name, row in scored.iterrows()
+             if name in runs + (redrawn("held-out", suffix),)]
+    if any(name in scored.index for name in runs):
+        lines.append(goal_table(table, records, runs=runs).round(3).to_string(index=False))
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- the fit guard
 
 FITTED_PARAMETERS = ("fp16_tflops", "mem_bw_tb_s", "step_overhead_s", "front_end_latency_s",
@@ -1069,7 +1085,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",
            "check_placement", "compare_metrics", "compare_run", "counter_increase",
-           "decode_residuals", "disturbance_table", "error_unit", "fit_guard_metrics",
+           "decode_residuals", "disturbance_table", "draw_report", "error_unit",
+           "fit_guard_metrics",
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
            "parameter_value", "lone_latency_s", "lone_split", "planned_run",

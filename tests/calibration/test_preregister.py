@@ -16,6 +16,7 @@ from kvrepro._paths import data_file
 from kvrepro.calibration import preregister, profile_yaml, validate
 from kvrepro.calibration.fit_host import demand_path
 from kvrepro.engines.live.tiers import live_tier, read_tier_config
+from kvrepro.engines.sim import load_profile
 from kvrepro.records import read_run
 
 PLAN = preregister.load_plan()
@@ -68,6 +69,25 @@ def test_a_same_day_spec_is_what_the_fit_routine_writes(root: Path, tmp_path: Pa
     profile_yaml.fit_and_write(plan.fitted_on, out)
     assert out.read_text() == shipped.read_text()
     assert demand_path(out).read_text() == demand_path(shipped).read_text()
+
+
+@pytest.mark.parametrize("root", SAME_DAY)
+def test_a_same_day_draw_is_scored_on_the_twin_that_predicted_it(root: Path) -> None:
+    """`validation_table`'s `sim` of a draw with its own spec (`draw_profiles`) is that
+    spec's twin: on a recorded run it gives the committed predictions, which the package's
+    spec does not."""
+    suffix = dict(validate.DRAWS)[root.name]
+    name = next(iter(preregister.load_plan(preregister.plan_path(root)).sets))
+    runs = {validate.redrawn(name, suffix): [root / name / "dram"]}
+    package = load_profile(data_file("servers", "cpu_tiny.yaml"))
+    ours = preregister.with_predictions(
+        validate.validation_table(runs, package, preregister.draw_profiles())[0])
+    theirs = validate.validation_table(runs, package)[0]
+    scored = ours.dropna(subset=["sim", "predicted"])
+    assert len(scored) > 5
+    assert scored.sim.to_numpy() == pytest.approx(scored.predicted.to_numpy(), rel=1e-3)
+    moved = (theirs.sim - ours.sim).abs() > 0.01 * ours.sim.abs()
+    assert moved.any(), "the package's twin gives the same numbers: the test shows nothing"
 
 
 def test_every_draw_has_its_own_seeds() -> None:

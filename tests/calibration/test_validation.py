@@ -424,6 +424,11 @@ def test_redrawn_sets_are_summarised_apart_and_keep_their_sets_tolerance() -> No
     sat = goals.loc[goals.index.str.startswith("TTFT median and p90")]
     assert sat.loc[sat.index.str.contains(" saturating"), "value"].item() == 20.0
     assert sat.loc[sat.index.str.contains("unsaturated"), "value"].item() == 12.0
+    report = validate.draw_report(table, records, validate.THIRD_SUFFIX).splitlines()
+    assert report[:2] == [f"{third}: 1 of 1 informative within 10, median |error| 7.0",
+                          "held-out-third: 1 of 1 informative within 10, median |error| 7.0"]
+    assert "informative metrics within 10" in report[3]  # then the draw's goals
+    assert validate.draw_report(table, records, validate.FOURTH_SUFFIX) == ""  # not recorded
 
 
 def test_drift_table_is_zero_where_the_probe_is_the_fit_run(shipped, tmp_path: Path) -> None:
@@ -456,7 +461,7 @@ def test_replication_table_is_zero_where_a_recording_repeats_itself(tmp_path: Pa
     pairs = shipped.groupby(["earlier", "later", "tier"]).hours_apart.first()
     recorded = {t: sum((data_file("live", n) / t / "meta.json").exists()
                        for n in validate.REPLICATES) for t in validate.LIVE_TIERS}
-    assert recorded == {"small-kv": 4, "dram": 3, "flash": 3}
+    assert recorded == {"small-kv": 5, "dram": 4, "flash": 4}
     assert len(pairs) == sum(n * (n - 1) // 2 for n in recorded.values())
     assert (pairs > 0).all()
     ttft = shipped[shipped.metric == "ttft_median_s"].set_index(["earlier", "later", "tier"])
