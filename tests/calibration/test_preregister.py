@@ -13,8 +13,7 @@ import pandas as pd
 import pytest
 
 from kvrepro._paths import data_file
-from kvrepro.calibration import preregister, profile_yaml, validate
-from kvrepro.calibration.fit_host import demand_path
+from kvrepro.calibration import preregister, validate
 from kvrepro.engines.live.tiers import live_tier, read_tier_config
 from kvrepro.engines.sim import load_profile
 from kvrepro.records import read_run
@@ -53,22 +52,6 @@ def test_a_later_draw_is_the_held_out_sets_with_new_seeds(root: Path) -> None:
 
 SAME_DAY = [pytest.param(r, id=r.name) for r in LATER
             if preregister.load_plan(preregister.plan_path(r)).fitted_on]
-
-
-@pytest.mark.parametrize("root", SAME_DAY)
-def test_a_same_day_spec_is_what_the_fit_routine_writes(root: Path, tmp_path: Path,
-                                                        monkeypatch) -> None:
-    """Nothing of a draw's own spec was typed in: the fit routine on the plan's `fitted_on`
-    campaign, run as its plan says (from the project root), writes the same spec and host
-    CPU demand, byte for byte."""
-    plan = preregister.load_plan(preregister.plan_path(root))
-    project = data_file().parent
-    monkeypatch.chdir(project)
-    shipped = project / plan.server
-    out = tmp_path / shipped.name
-    profile_yaml.fit_and_write(plan.fitted_on, out)
-    assert out.read_text() == shipped.read_text()
-    assert demand_path(out).read_text() == demand_path(shipped).read_text()
 
 
 @pytest.mark.parametrize("root", SAME_DAY)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvrepro._paths import data_dir, data_file
-from kvrepro.calibration import profile_yaml, validate
+from kvrepro.calibration import preregister, profile_yaml, validate
 from kvrepro.calibration.fit_host import demand_path
 from kvrepro.engines.sim import load_profile
 
@@ -38,23 +38,35 @@ def _stores(path: Path) -> dict[str, tuple[float, float]]:
             for s in load_profile(path).tiers["flash"].stores}
 
 
-def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As its header says it was written: `python -m kvrepro.calibration
-    data/live/cpu_tiny_fit <out>` from the checkout (the run's path is in the header)."""
+def _written_specs() -> list:
+    """Every shipped spec the fit routine wrote, with its campaign (relative to the
+    checkout): the package's, on the fit run, and each pre-registered draw's own, on its
+    plan's `fitted_on`."""
     root = data_dir().parent
-    monkeypatch.chdir(root)
-    run = FIT_RUN.relative_to(root)
-    fresh = tmp_path / SHIPPED.name  # no spec there: the shipped one is the stated one
+    specs = [pytest.param(FIT_RUN.relative_to(root), SHIPPED, id=SHIPPED.stem)]
+    for folder, _ in validate.DRAWS:
+        plan = preregister.load_plan(preregister.plan_path(data_file("live", folder)))
+        if plan.fitted_on:
+            specs.append(pytest.param(Path(plan.fitted_on), root / plan.server, id=folder))
+    return specs
+
+
+@pytest.mark.parametrize(("run", "shipped"), _written_specs())
+def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
+        run: Path, shipped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As its header says it was written: `python -m kvrepro.calibration <campaign> <out>`
+    from the checkout (the run's path is in the header); nothing of it was typed in."""
+    monkeypatch.chdir(data_dir().parent)
+    fresh = tmp_path / shipped.name  # no spec there: the package's is the stated one
     profile_yaml.main([str(run), str(fresh)])
-    assert fresh.read_bytes() == SHIPPED.read_bytes()
-    demand = demand_path(SHIPPED)  # the measured demand next to it, the same too
+    assert fresh.read_bytes() == shipped.read_bytes()
+    demand = demand_path(shipped)  # the measured demand next to it, the same too
     assert (tmp_path / demand.name).read_bytes() == demand.read_bytes()
-    again = tmp_path / "again" / SHIPPED.name  # regenerated in place: its own stated values
+    again = tmp_path / "again" / shipped.name  # regenerated in place: its own stated values
     again.parent.mkdir()
-    shutil.copyfile(SHIPPED, again)
+    shutil.copyfile(shipped, again)
     profile_yaml.fit_and_write(run, again)
-    assert again.read_bytes() == SHIPPED.read_bytes()
+    assert again.read_bytes() == shipped.read_bytes()
 
 
 def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> None:
