@@ -87,10 +87,14 @@ def load_plan(path: str | Path | None = None) -> Plan:
                           str(path))
 
 
+def plan_server(plan: Plan, project_root: Path | None = None) -> ServerSpec:
+    """The plan's server spec (its `server`, relative to the project root)."""
+    return load_server((project_root or data_file().parent) / plan.server)
+
+
 def set_server(plan: Plan, name: str, project_root: Path | None = None) -> ServerSpec:
     """The server spec a set runs: the plan's, with the set's overrides."""
-    root = project_root or data_file().parent
-    return override_server(load_server(root / plan.server), plan.held_out(name).server)
+    return override_server(plan_server(plan, project_root), plan.held_out(name).server)
 
 
 def set_workload(plan: Plan, name: str) -> Workload:
@@ -242,7 +246,7 @@ def draw_profiles(live_dir: str | Path | None = None) -> dict[str, SimProfile]:
         path = plan_path(live / folder)
         plan = load_plan(path) if path.exists() else None
         if plan is not None and plan.fitted_on:
-            profile = sim_profile(load_server(data_file().parent / plan.server))
+            profile = sim_profile(plan_server(plan))
             own.update({validate.redrawn(name, suffix): profile for name in plan.sets})
     return own
 
@@ -284,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 __all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "draw_profiles", "held_out_runs",
-           "load_plan", "planned_meta", "predict_set", "protocol_table", "record_set", "set_dir",
-           "set_server", "set_workload", "stored_predictions", "with_predictions",
-           "write_predictions"]
+           "load_plan", "plan_server", "planned_meta", "predict_set", "protocol_table",
+           "record_set", "set_dir", "set_server", "set_workload", "stored_predictions",
+           "with_predictions", "write_predictions"]
 
 
 if __name__ == "__main__":

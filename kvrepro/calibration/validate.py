@@ -622,7 +622,7 @@ REPLICATES = (FIT_RUN, DRIFT_ROOT, "cpu_tiny_fit_repeat", "cpu_tiny_fit_repeat2"
               "cpu_tiny_fit_repeat3")
 """data/live/<name>: the fit campaign's command recorded at five times, oldest first: the fit
 run (2026-12-02 06:55 UTC), the drift probe (its baseline tier, 2026-12-05 03:10) and three
-replicates of all three tiers (2026-12-05 04:49, 05:12 and 15:00; their run.sh call the fit's,
+replicates of all three tiers (2026-12-05 04:49, 05:12 and 14:59; their run.sh call the fit's,
 the later two's runs carry the speed probe and the host's CPU counters; the last is the fourth
 draw's `fitted_on`)."""
 
