@@ -125,9 +125,27 @@ def pin_vllm(root: int, placement: Placement) -> dict[str, int]:
     return done
 
 
+def autogroup(pid: int) -> str:
+    """The kernel's scheduling autogroup of `pid` (`/autogroup-<n>`: one per session, while
+    /proc/sys/kernel/sched_autogroup_enabled is 1), "" where the kernel has none. Processes
+    sharing a CPU in different autogroups share it group by group (`ManagedProcess`)."""
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def autogroup_enabled() -> bool | None:
+    """The kernel's sched_autogroup_enabled setting; None where it has no such setting."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return None
+
+
 def affinities(pids: Mapping[int, str]) -> dict[str, dict[str, Any]]:
-    """Per process (keyed `<role>:<pid>`): its CPUs and the distinct CPU sets of its
-    threads, as the kernel reports them now."""
+    """Per process (keyed `<role>:<pid>`): its CPUs, the distinct CPU sets of its threads
+    and its autogroup, as the kernel reports them now."""
     out: dict[str, dict[str, Any]] = {}
     for pid, role in pids.items():
         sets = set()
@@ -140,7 +158,8 @@ def affinities(pids: Mapping[int, str]) -> dict[str, dict[str, Any]]:
             main = sorted(os.sched_getaffinity(pid))
         except OSError:
             continue
-        out[f"{role}:{pid}"] = {"cpus": main, "thread_cpu_sets": sorted(map(list, sets))}
+        out[f"{role}:{pid}"] = {"cpus": main, "thread_cpu_sets": sorted(map(list, sets)),
+                                "autogroup": autogroup(pid)}
     return out
 
 
@@ -152,6 +171,12 @@ def affinity_summary(record: Mapping[str, Mapping[str, Any]]) -> dict[str, list[
         role = key.split(":", 1)[0]
         summary.setdefault(role, set()).update(tuple(s) for s in value["thread_cpu_sets"])
     return {role: sorted(map(list, sets)) for role, sets in sorted(summary.items())}
+
+
+def autogroups(record: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The distinct autogroups of an `affinities` record's processes ([] for a record made
+    before they were kept): one entry when the server and its client shared one."""
+    return sorted({value["autogroup"] for value in record.values() if value.get("autogroup")})
 
 
 _BIND_RE = re.compile(r"VLLM_CPU_OMP_THREADS_BIND=(?P<bind>'[^']*'|\S+?),")
@@ -339,7 +364,8 @@ def is_process_key(key: str) -> bool:
         key.startswith(HOST_KEY_PREFIX) and key.endswith(("_busy_s", "_steal_s")))
 
 
-__all__ = ["ProcessAccounting", "affinities", "affinity_summary", "host_cpu_times",
+__all__ = ["ProcessAccounting", "affinities", "affinity_summary", "autogroup",
+           "autogroup_enabled", "autogroups", "host_cpu_times",
            "is_process_key", "pin_process", "pin_vllm", "pinned_client", "preexec",
            "read_binding", "runqueue_wait_s", "schedstat", "speed_probe", "union", "vllm_binding",
            "vllm_env", "vllm_processes"]

@@ -1,8 +1,9 @@
 """The processes of a live run: started in their own group, always stopped, all of them.
 
 A live tier is up to two process groups (vLLM, and for multi-process LMCache the `lmcache
-server`). What else a run leaves on the machine (shared memory, flash files) and how it is
-given back is in `kvrepro.engines.live.ownership`.
+server`), in the caller's session (`ManagedProcess` says why). What else a run leaves on
+the machine (shared memory, flash files) and how it is given back is in
+`kvrepro.engines.live.ownership`.
 
 * `ManagedProcess`: a command in its own process group with its log in the run folder, a
   health URL, `check_alive` quoting the log's end, `track` recording every process of the
@@ -180,7 +181,18 @@ STARTING_GRACE_S = 3.0
 
 
 class ManagedProcess:
-    """One command in its own process group, logging to a file; always stoppable."""
+    """One command in its own process group, logging to a file; always stoppable.
+
+    Its own process group, not its own session: with the kernel's autogroup on (Debian's and
+    Ubuntu's default), each session is one scheduling group, and a CPU is shared between the
+    groups before their threads. A server in a session of its own then kept the load client
+    that shares its CPU waiting 70-400 ms at a time, runnable, while vLLM's engine core and
+    API server ran (perf sched here; `benchmarks/bench_autogroup.py` measures it): the
+    client stamped a whole streamed answer as its first token. In the caller's session the
+    server's and the client's threads share the CPU one by one, as the twin assumes
+    (`engines.sim.host_cpu`). The group still gets the group's signals, and a Ctrl-C typed
+    in the terminal still reaches only the foreground group (the caller).
+    """
 
     def __init__(self, name: str, command: list[str], log_path: Path, env: dict[str, str],
                  health_url: str, cpus: frozenset[int] | None = None):
@@ -242,7 +254,7 @@ class ManagedProcess:
         self._log = self.log_path.open("ab")
         self.process = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, env=self.env,
-                                        start_new_session=True, preexec_fn=preexec(self.cpus))
+                                        process_group=0, preexec_fn=preexec(self.cpus))
         self.track()
 
     def died(self, when: str) -> ServerError:

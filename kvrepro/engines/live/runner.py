@@ -28,6 +28,7 @@ from kvrepro.engines.live.placement import (
     ProcessAccounting,
     affinities,
     affinity_summary,
+    autogroups,
     pinned_client,
     speed_probe,
 )
@@ -139,11 +140,13 @@ class PlacementMismatch(ValueError):
 
 def placement_signature(meta: Mapping[str, Any]) -> dict[str, Any]:
     """What every tier of a campaign must share: the OpenMP binding vLLM logged (its bind
-    setting and core ids) and the CPU sets of each process role's threads."""
+    setting and core ids), the CPU sets of each process role's threads, and how many
+    autogroups the processes were in (one: they shared their CPUs thread by thread)."""
     record = meta.get("placement") or {}
     logged = record.get("vllm_logged") or {}
     return {"omp_threads_bind": logged.get("omp_threads_bind"),
             "core_ids": logged.get("core_ids"),
+            "autogroups": len(autogroups(record.get("affinity") or {})),
             **{f"cpus_{role}": sets for role, sets in
                affinity_summary(record.get("affinity") or {}).items()}}
 

@@ -30,6 +30,7 @@ from kvrepro.engines.live.ownership import DiskFolder, SharedMemory, Watcher, st
 from kvrepro.engines.live.pins import BUILD_ENV
 from kvrepro.engines.live.placement import (
     affinities,
+    autogroup_enabled,
     pin_vllm,
     read_binding,
     union,
@@ -254,10 +255,12 @@ class VllmServer(StartedOnEnter):
 
     def placement_record(self) -> dict[str, Any]:
         """What the run's meta.json keeps of its CPUs: the spec's placement, the binding
-        vLLM logged, the threads pinned, and each process's CPUs as the kernel says."""
+        vLLM logged, the threads pinned, each process's CPUs and autogroup as the kernel
+        says, and whether the kernel groups by session at all."""
         return {"spec": self.tier.placement.model_dump(),
                 "vllm_logged": read_binding(self.log_path),
                 "pinned_threads": dict(self.pinned_threads),
+                "sched_autogroup_enabled": autogroup_enabled(),
                 "affinity": affinities(self.roles())}
 
     def check_alive(self) -> None:

@@ -17,6 +17,8 @@ from kvrepro.analysis.runs import outside_cpu
 from kvrepro.engines.live.placement import (
     ProcessAccounting,
     affinities,
+    autogroup_enabled,
+    autogroups,
     host_cpu_times,
     pin_process,
     pinned_client,
@@ -90,6 +92,35 @@ def test_a_campaign_whose_tiers_ran_on_other_cpus_is_refused() -> None:
     lmcache["placement"]["affinity"]["lmcache_server:12"] = {"cpus": [1],
                                                             "thread_cpu_sets": [[1]]}
     check_same_placement({"small-kv": _meta(LOG, [0]), "dram": lmcache})  # only dram has one
+    apart = _meta(LOG, [0])
+    for key, group in (("worker:10", "/autogroup-7"), ("api_server:11", "/autogroup-8")):
+        apart["placement"]["affinity"][key]["autogroup"] = group
+    with pytest.raises(PlacementMismatch, match="autogroups: small-kv 0, dram 2"):
+        check_same_placement({"small-kv": _meta(LOG, [0]), "dram": apart})
+
+
+_SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.mark.skipif(autogroup_enabled() is None, reason="the kernel keeps no autogroups")
+def test_a_server_shares_its_callers_session_and_so_its_autogroup(tmp_path: Path) -> None:
+    """A server in a session of its own is an autogroup of its own, which kept the client on
+    its CPU waiting 70-400 ms at a time (`ManagedProcess`): servers stay in the caller's."""
+    proc = ManagedProcess("sleeper", _SLEEP, tmp_path / "s.log", dict(os.environ),
+                          "http://127.0.0.1:9/h")
+    proc.start()
+    apart = subprocess.Popen(_SLEEP, start_new_session=True)  # what servers used to get
+    try:
+        pid = proc.process.pid
+        assert os.getpgid(pid) == pid and os.getsid(pid) == os.getsid(0)
+        together = affinities({pid: "api_server", os.getpid(): "client"})
+        assert len(autogroups(together)) == 1
+        if autogroup_enabled():  # the kernel groups by session: another session is apart
+            assert len(autogroups({**together, **affinities({apart.pid: "other"})})) == 2
+    finally:
+        proc.stop(grace_s=2)
+        apart.kill()
+        apart.wait()
 
 
 _SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\ntime.sleep(60)"
