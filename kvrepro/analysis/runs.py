@@ -716,9 +716,12 @@ burst: the server held them and sent them together."""
 def token_delivery(records: pd.DataFrame, burst_s: float = BURST_S) -> dict[str, float]:
     """How the tokens of the succeeded answers with more than one reached the client: their
     number, the share that came in one burst (`decode_step_s` below `burst_s`) and the
-    median and 90th percentile of that mean gap. Why: a server whose answer streams stall
-    (its API server waiting for a CPU) delivers many tokens at once, late; its client-side
-    TTFT holds that wait, which the engine's own step time does not show."""
+    median and 90th percentile of that mean gap. Why: a stream stalled anywhere between the
+    engine and the client's reader delivers many tokens at once, late; the client-side TTFT
+    holds that wait, which the engine's own step time does not show. On this machine's
+    single-server runs the stalled one was the load client itself, runnable but kept off its
+    CPU while the server ran in a session (autogroup) of its own (`engines.live.processes.
+    ManagedProcess`)."""
     ok = records[succeeded(records) & (records["output_tokens"] > 1)]
     gap_s = decode_step_s(ok)
     return {"n_answers": int(len(ok)),

@@ -79,8 +79,10 @@ from kvrepro.analysis.runs import (
     prompt_split,
     prompt_tokens_by_source,
     resume_stats,
+    token_delivery,
 )
 from kvrepro.calibration.fit import MIN_DECODE_STEPS, isolated
+from kvrepro.engines.live.placement import autogroups
 from kvrepro.engines.live.tiers import TierConfig, read_tier_config
 from kvrepro.engines.sim.config import OffloadTier, SimProfile, SimTier
 from kvrepro.engines.sim.engine import SimResult, simulate
@@ -504,8 +506,15 @@ the frozen twin with a spec the fit routine wrote on the fit campaign recorded a
 (its plan's `fitted_on`), because the third draw's miss was mostly the machine's drift since
 the fit day. Their runs are named `redrawn(set, FOURTH_SUFFIX)`."""
 FOURTH_SUFFIX = "-fourth"
+FIFTH_ROOT = "cpu_tiny_prereg_fifth"
+"""data/live/<FIFTH_ROOT>: the five sets drawn a fifth time (seeds +400), pre-registered like
+the fourth (the frozen twin, a spec the fit routine wrote that day) but recorded, fit campaign
+included, with the live servers in the load client's session: before, they ran in sessions of
+their own, and the client on their CPU stalled 70-400 ms at a time
+(`engines.live.processes.ManagedProcess`). Their runs are named `redrawn(set, FIFTH_SUFFIX)`."""
+FIFTH_SUFFIX = "-fifth"
 DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX),
-         (FOURTH_ROOT, FOURTH_SUFFIX))
+         (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX))
 """Every draw of the held-out sets, in order: its folder under data/live and the suffix its
 runs' names carry in a validation table (`redrawn`)."""
 
@@ -748,6 +757,29 @@ def process_table(runs: Mapping[str, list[str | Path]]) -> pd.DataFrame:
                                                 "ctx_involuntary_per_s"]]
 
 
+def client_table(runs: Mapping[str, list[str | Path]]) -> pd.DataFrame:
+    """The load client of each live run folder: its main thread's run-queue wait (seconds
+    per second, and per timeslice in ms: how long it waited, runnable, each time it was to
+    run), the autogroups the run's processes were in (0: not recorded, runs before
+    2026-12-05 18:00) and the share of answers that reached it in one burst
+    (`analysis.runs.token_delivery`). Why: in a session of its own, the server kept the
+    client on its CPU waiting (`engines.live.processes.ManagedProcess`); this shows it in
+    every recording."""
+    rows = []
+    for name, dirs in runs.items():
+        for d in dirs:
+            run = read_run(d)
+            client = process_cpu(run.samples).set_index("role").reindex(["client"]).iloc[0]
+            affinity = (run.meta.get("placement") or {}).get("affinity") or {}
+            rows.append({"run": name, "tier": run.meta["tier"],
+                         "autogroups": len(autogroups(affinity)),
+                         "client_wait_per_s": client["runqueue_wait_per_s"],
+                         "client_wait_per_slice_ms": 1e3 * client["wait_per_slice_s"],
+                         "burst_share": token_delivery(run.records)["burst_share"]})
+    return pd.DataFrame(rows, columns=["run", "tier", "autogroups", "client_wait_per_s",
+                                       "client_wait_per_slice_ms", "burst_share"])
+
+
 def _in_flight_at_send(records: pd.DataFrame) -> np.ndarray:
     """Per request: other requests of the run in the server when it was sent."""
     send, finish = records["send_s"].to_numpy(float), records["finish_s"].to_numpy(float)
@@ -906,7 +938,7 @@ def summary(table: pd.DataFrame, tolerance: float = 10.0) -> dict[str, float]:
 
 def summary_table(table: pd.DataFrame, tolerance: float = 10.0) -> pd.DataFrame:
     """`summary` per run, then for each draw's held-out sets together (when the table has
-    them; rows `held-out`, `held-out-redrawn`, `held-out-third`, `held-out-fourth`) and every
+    them; rows `held-out`, `held-out-redrawn`, ..., `held-out-fifth`) and every
     run (`all`)."""
     parts = [(run, part) for run, part in table.groupby("run", sort=False)]
     for _, suffix in DRAWS:
@@ -1078,7 +1110,7 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
-           "FOURTH_SUFFIX", "DRAWS", "redrawn",
+           "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "DRAWS", "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
