@@ -484,6 +484,10 @@ def validation_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
 FIT_RUN = "cpu_tiny_fit"
 """The live campaign the tiny server's twin is fitted on (data/live/<FIT_RUN>), recorded
 with the spec's CPU placement."""
+ONE_SESSION_FIT = "cpu_tiny_fit_one_session"
+"""The fit campaign's command recorded with the live servers in the load client's session
+(data/live/<ONE_SESSION_FIT>, 2026-12-05 18:01 UTC): the fifth draw's `fitted_on`, and the
+recording `client_table` sets against the earlier ones."""
 HELD_OUT_ROOT = "cpu_tiny_prereg"
 """data/live/<HELD_OUT_ROOT>: the pre-registered held-out campaigns, one folder per set, and
 their plan.yaml (`kvrepro.calibration.preregister`, whose `PREREG_ROOT` is this name)."""
@@ -1110,7 +1114,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
-           "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "DRAWS", "client_table", "redrawn",
+           "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "DRAWS", "ONE_SESSION_FIT",
+           "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",

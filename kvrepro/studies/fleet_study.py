@@ -169,6 +169,30 @@ def fleet_host_cpu(run_dir: str | Path) -> pd.DataFrame:
                          "twin_cpu_busy": pd.Series(twin).reindex(roles)}).rename_axis("role")
 
 
+def session_waits(recordings: dict[str, str | Path]) -> pd.DataFrame:
+    """One row per named live fleet run: each role's wait for a CPU per timeslice in ms (its
+    main thread runnable while another task had the CPU; the instances' mean), the share of
+    answers that reached the client in one burst (`analysis.runs.token_delivery`) and the
+    measured turns' TTFT median and p90. Why: the same run recorded with the servers in
+    sessions of their own and in the caller's shows what the kernel's autogroups cost
+    (`engines.live.processes.ManagedProcess`)."""
+    from kvrepro.analysis.fleet_live import fleet_live_summary, fleet_process_cpu
+    from kvrepro.analysis.runs import token_delivery
+    from kvrepro.records import read_run
+
+    rows = {}
+    for name, path in recordings.items():
+        waits = fleet_process_cpu(path).groupby("role")["wait_per_slice_s"].mean()
+        summary = fleet_live_summary(path).set_index("instance").loc["total"]
+        rows[name] = {**{f"{role}_wait_per_slice_ms": 1e3 * waits[role] for role in
+                         ("api_server", "engine_core", "worker", "lmcache_server", "client")
+                         if role in waits},
+                      "burst_share": token_delivery(read_run(path).records)["burst_share"],
+                      "ttft_median_s": summary["ttft_median_s"],
+                      "ttft_p90_s": summary["ttft_p90_s"]}
+    return pd.DataFrame(rows).T.rename_axis("recording")
+
+
 def compare_fleet_summaries(live: pd.DataFrame, sim: pd.DataFrame,
                             metrics: Sequence[str] = FLEET_METRICS) -> pd.DataFrame:
     """Tidy rows (run, tier, metric, live, sim, error, error_unit) of two

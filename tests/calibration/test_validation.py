@@ -373,8 +373,9 @@ def test_validation_figure_names_missing_columns() -> None:
                                                         ("a-seed-rate", False)])
 def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
         held_out_set: str, stalled: bool) -> None:
-    """Set d's front end stalled (slow scrapes; the client's TTFT well above vLLM's own),
-    set a's did not; the reference reads the run files directly."""
+    """Set d's client stalled (slow scrapes; the client's TTFT well above vLLM's own: the
+    server ran in a session of its own, `test_the_client_waited_for_its_cpu_...`), set a's
+    did not; the reference reads the run files directly."""
     import json
     run_dir = LIVE / validate.HELD_OUT_ROOT / held_out_set / "dram"
     keys = read_run(run_dir).records[["session_id", "turn"]]
@@ -397,6 +398,26 @@ def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
     assert split["live_engine_ttft_ms"] == pytest.approx(1e3 * engine_s)
     gap_ms = split["live_client_ttft_ms"] - split["live_engine_ttft_ms"]
     assert (slow > 0.2 and gap_ms > 200) if stalled else (slow < 0.05 and gap_ms < 50)
+
+
+def test_the_client_waited_for_its_cpu_only_while_the_server_had_a_session_of_its_own(
+        ) -> None:
+    """The fourth draw's decode-heavy DRAM run (servers in sessions of their own) against the
+    fit campaign recorded with them in the client's session: the client's run-queue wait and
+    its one-burst answers fall, and each run shows how many autogroups it had. The reference
+    reads the samples' schedstat counters directly."""
+    import json
+    old = LIVE / validate.FOURTH_ROOT / "d-decode-heavy" / "dram"
+    new = LIVE / validate.ONE_SESSION_FIT / "dram"
+    table = validate.client_table({"old": [old], "new": [new]}).set_index("run")
+    samples = [json.loads(line) for line in (old / "samples.jsonl").open()]
+    waited_s = (samples[-1]["proc_client_runqueue_wait_s"]
+                - samples[0]["proc_client_runqueue_wait_s"])
+    assert table.loc["old", "client_wait_per_s"] == pytest.approx(
+        waited_s / (samples[-1]["time_s"] - samples[0]["time_s"]))
+    assert (table.loc["old", "autogroups"], table.loc["new", "autogroups"]) == (0, 1)
+    assert table.loc["old", "client_wait_per_s"] > 4 * table.loc["new", "client_wait_per_s"]
+    assert table.loc["old", "burst_share"] > 0.05 > table.loc["new", "burst_share"]
 
 
 def test_redrawn_sets_are_summarised_apart_and_keep_their_sets_tolerance() -> None:

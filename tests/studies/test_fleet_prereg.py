@@ -97,3 +97,47 @@ def test_the_diagnostic_fleet_run_has_every_process_run_queue_wait() -> None:
     assert judged.runqueue_wait_per_s.notna().all(), judged
     # a second of waiting per second at most per main thread
     assert ((judged.runqueue_wait_per_s >= 0) & (judged.runqueue_wait_per_s < 1.0)).all()
+
+
+ONE_SESSION = data_dir() / "live" / "cpu_tiny_fleet_one_session_prereg" / "plan.yaml"
+
+
+def test_the_one_session_runs_repeat_the_plans_commands_and_came_after_their_predictions(
+        ) -> None:
+    """The runs recorded with every server in one session are runs of the earlier plan
+    (same fleet, workload and window), and each started after its predictions' commit."""
+    again, earlier = (fleet_prereg.load_plan(p) for p in (ONE_SESSION, PLAN))
+    assert again.model_dump(exclude={"campaigns"}) == earlier.model_dump(exclude={"campaigns"})
+    for campaign, runs in again.campaigns.items():
+        assert all(run in earlier.campaigns[campaign] for run in runs), campaign
+    table = fleet_prereg.protocol_table(ONE_SESSION)
+    assert len(table) == 2 and table.predicted_first.all(), table
+
+
+def _wait_per_slice_s(samples: list[dict], role: str, instance: int) -> float:
+    own = [s for s in samples if s.get("instance") == instance
+           and s.get(f"proc_{role}_runqueue_slices") is not None]
+    first, last = own[0], own[-1]
+    return ((last[f"proc_{role}_runqueue_wait_s"] - first[f"proc_{role}_runqueue_wait_s"])
+            / (last[f"proc_{role}_runqueue_slices"] - first[f"proc_{role}_runqueue_slices"]))
+
+
+def test_session_waits_show_the_autogroups_cost_on_the_same_fleet_run() -> None:
+    """The diagnostic run with the servers in sessions of their own and in one: the API
+    servers' wait per timeslice (the reference reads the samples) and the one-burst answers
+    fall, TTFT is the fleet summary's."""
+    from kvrepro.studies.fleet_study import session_waits
+
+    run = "shared-dram-round_robin"
+    apart, together = (data_dir() / "live" / name / run for name in (
+        "cpu_tiny_fleet_slices", "cpu_tiny_fleet_one_session"))
+    table = session_waits({"apart": apart, "together": together})
+    for name, path in (("apart", apart), ("together", together)):
+        samples = [json.loads(line) for line in (path / "samples.jsonl").open()]
+        expected = sum(_wait_per_slice_s(samples, "api_server", i) for i in (0, 1)) / 2
+        assert table.loc[name, "api_server_wait_per_slice_ms"] == pytest.approx(1e3 * expected)
+        total = fleet_live_summary(path).set_index("instance").loc["total"]
+        assert table.loc[name, "ttft_p90_s"] == total["ttft_p90_s"]
+    assert (table.loc["apart", "api_server_wait_per_slice_ms"]
+            > 10 * table.loc["together", "api_server_wait_per_slice_ms"])
+    assert table.loc["apart", "burst_share"] > 0.1 > 0.01 > table.loc["together", "burst_share"]
