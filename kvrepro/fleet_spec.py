@@ -26,6 +26,11 @@ from kvrepro._checks import load_yaml_model
 from kvrepro._paths import safe_name
 from kvrepro.tier_spec import ServerSpec, TierName, server_named
 
+SESSION_HEADER = "X-Session-ID"
+"""The header the live load client sends each turn's session id in: the first key
+vllm-router's `consistent_hash` looks at (`engines.live.fleet_deploy`), hence the key the
+twin's session-affinity router hashes (`engines.sim.consistent_hash`)."""
+
 Routing = Literal["round_robin", "session_affinity", "prefix_aware"]
 ROUTINGS: tuple[str, ...] = ("round_robin", "session_affinity", "prefix_aware")
 
@@ -101,6 +106,13 @@ class FleetSpec(_Strict):
     def server_spec(self) -> ServerSpec:
         """The server spec every instance runs (a shipped name or a path)."""
         return server_named(self.server)
+
+    def worker_urls(self) -> list[str]:
+        """The instances' URLs as the live router is given them (`base_port + i` on the
+        server spec's live host). The twin's session-affinity router hashes them, as
+        vllm-router's ring does (`engines.sim.consistent_hash`)."""
+        host = self.server_spec().live.host
+        return [f"http://{host}:{self.base_port + i}" for i in range(self.n_servers)]
 
 
 def load_fleet(path: str | Path) -> FleetSpec:

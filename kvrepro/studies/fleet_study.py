@@ -245,3 +245,46 @@ def preregistered_fleet_score(live_dir: str | Path) -> pd.DataFrame:
     live = fleet_live_summary(live_dir).drop(columns="router")
     return compare_fleet_summaries(live.assign(instance=live["instance"].astype(str)),
                                    predicted)
+
+
+FLEET_TTFT_GOAL_PCT = 25.0
+"""Issue [host-cpu]'s goal for the live fleet: TTFT median and p90 within 25 % of the live
+value on every pre-registered run, each instance and the total."""
+
+
+def plan_scores(plan_path: str | Path) -> dict[str, pd.DataFrame]:
+    """The committed predictions' score (`preregistered_fleet_score`) of every campaign of a
+    pre-registered fleet plan (`kvrepro.studies.fleet_prereg`) with recorded runs."""
+    from kvrepro.studies.fleet_prereg import load_plan
+
+    root = Path(plan_path).parent
+    return {campaign: preregistered_fleet_score(root / campaign)
+            for campaign in load_plan(plan_path).campaigns
+            if any((root / campaign).glob("*/meta.json"))}
+
+
+def ttft_score(score: pd.DataFrame, goal_pct: float = FLEET_TTFT_GOAL_PCT) -> dict[str, float]:
+    """Of a fleet score's TTFT rows (median and p90 of each instance and the total): how
+    many are within `goal_pct`, of how many, and their median |error| in %."""
+    errors = score.loc[score.metric.isin(["ttft_median_s", "ttft_p90_s"]), "error"].abs()
+    return {"within": int((errors <= goal_pct).sum()), "n": int(len(errors)),
+            "median_abs_error_pct": float(errors.median())}
+
+
+def instance_turns(campaign_dir: str | Path) -> pd.DataFrame:
+    """Per recorded run of a pre-registered fleet campaign and instance: the measured turns
+    live and in the committed predictions. Why: an instance's TTFT follows its load, and a
+    router that sends the twin's sessions elsewhere than vllm-router does moves load
+    between instances that no step model can give back (session affinity until the twin
+    followed vllm-router's ring, `engines.sim.consistent_hash`; the prefix-aware router's
+    choices, which follow the load)."""
+    from kvrepro.analysis.fleet_live import fleet_live_summary
+    from kvrepro.calibration.preregister import PREDICTIONS
+
+    root = Path(campaign_dir)
+    predicted = pd.read_csv(root / PREDICTIONS, dtype={"instance": str})
+    live = fleet_live_summary(root).drop(columns="router")
+    keys = ["kv_pool", "tier", "routing", "instance"]
+    both = live[keys + ["n_turns"]].merge(predicted[keys + ["n_turns"]], on=keys,
+                                          suffixes=("_live", "_predicted"))
+    return both[both.instance != "total"].reset_index(drop=True)

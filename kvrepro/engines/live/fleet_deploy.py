@@ -82,14 +82,13 @@ from kvrepro.engines.live.tiers import (
     with_folder_paths,
     with_run_disk,
 )
-from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, FleetSpec
+from kvrepro.fleet_spec import LIVE_ROUTER_POLICY, SESSION_HEADER, FleetSpec
 from kvrepro.records import RunWriter
 from kvrepro.tier_spec import Placement
 from kvrepro.workload.base import Workload
 
 ROUTER_SCRIPT = "vllm-router"
 ROUTER_PACKAGE = requirement("vllm-router")
-SESSION_HEADER = "X-Session-ID"
 POOL_INSTANCE = -1
 """`instance` of the shared LMCache server's samples (and of records no instance claimed)."""
 
@@ -374,10 +373,6 @@ class FleetDeployment(StartedOnEnter):
             return self.instances[0].base_url
         return f"http://127.0.0.1:{self.fleet.router_port}"
 
-    def _worker_urls(self) -> list[str]:
-        host = self.fleet.server_spec().live.host
-        return [f"http://{host}:{self.fleet.base_port + i}" for i in range(self.fleet.n_servers)]
-
     def _instances(self) -> list[VllmServer]:
         """The instances' servers (not started), on the pool when there is one."""
         tiers = fleet_tiers(self.fleet, self.pool.tier if self.pool else None, self.pin_cpus,
@@ -410,7 +405,7 @@ class FleetDeployment(StartedOnEnter):
         plans |= {f"i{i}": server.plan(build_model=False)
                   for i, server in enumerate(self._instances())}
         if self.router_kind == "vllm-router":
-            command = _router_plan(self.fleet, self._worker_urls(), self.run_dir, self.python)
+            command = _router_plan(self.fleet, self.fleet.worker_urls(), self.run_dir, self.python)
             plans["router"] = DeployPlan({"vllm-router": command}, {},
                                          [self.run_dir / "router_command.txt"])
         return plans
@@ -418,7 +413,7 @@ class FleetDeployment(StartedOnEnter):
     def start(self) -> None:
         """Pool, instances, router, each healthy before the next step."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        router = (_router_process(self.fleet, self._worker_urls(), self.run_dir, self.python,
+        router = (_router_process(self.fleet, self.fleet.worker_urls(), self.run_dir, self.python,
                                   self.pin_cpus)
                   if self.router_kind == "vllm-router" else None)  # checked before starting
         self.pool = self._new_pool()

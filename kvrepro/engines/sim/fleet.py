@@ -27,9 +27,9 @@ Where KV lives:
 The router assigns each turn when it is sent (the client's arrival), by `fleet.routing`:
 
 * `round_robin`: the i-th turn sent goes to instance i mod N;
-* `session_affinity`: instance = a stable hash of the session id (sha256, not Python's salted
-  `hash`) mod N. Live, vllm-router's `consistent_hash` maps sessions with its own ring: the
-  instance a session lands on differs, the property (a session never moves) is the same;
+* `session_affinity`: vllm-router's `consistent_hash` ring of the fleet's worker URLs
+  (`consistent_hash.HashRing`, `FleetSpec.worker_urls`), keyed by the session id the live
+  client sends: each session lands on the instance it lands on live;
 * `prefix_aware`: vllm-router's `cache_aware` (`PrefixAwareRouter`).
 
 Records are `engine.simulate`'s plus `instance` (int) and `routed_away` (bool: the turn went
@@ -41,7 +41,6 @@ numbers a sweep tabulates.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import OrderedDict
@@ -55,6 +54,7 @@ import pandas as pd
 from kvrepro.analysis.runs import fleet_turn_stats, share, window_throughput_tok_s
 from kvrepro.calc import endurance
 from kvrepro.engines.sim.config import ServerProfile, SimProfile, SimTier, sim_profile
+from kvrepro.engines.sim.consistent_hash import HashRing, session_key
 from kvrepro.engines.sim.engine import UNFINISHED_KEYS, Engine, default_duration_s
 from kvrepro.engines.sim.entities import Request
 from kvrepro.engines.sim.offload import ChunkStore, OffloadHierarchy
@@ -114,18 +114,21 @@ class RoundRobinRouter(Router):
         return instance
 
 
-def session_instance(session_id: int, n_servers: int) -> int:
-    """A session's instance under session affinity: sha256 of its id, mod N (stable across
-    runs and processes, unlike Python's salted `hash`)."""
-    digest = hashlib.sha256(str(int(session_id)).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % n_servers
-
-
 class SessionAffinityRouter(Router):
-    """Every turn of a session goes to `session_instance(session_id, N)`."""
+    """Every turn of a session goes to the instance vllm-router's ring gives its session
+    (`consistent_hash`), looked up once per session."""
+
+    def __init__(self, worker_urls: list[str]):
+        super().__init__(len(worker_urls))
+        self.ring = HashRing(worker_urls)
+        self.sessions: dict[int, int] = {}
 
     def choose(self, req: Request) -> int:
-        return session_instance(req.session_id, self.n_servers)
+        instance = self.sessions.get(req.session_id)
+        if instance is None:
+            instance = self.sessions[req.session_id] = self.ring.instance(
+                session_key(req.session_id))
+        return instance
 
 
 class PrefixTree:
@@ -230,7 +233,7 @@ def make_router(fleet: FleetSpec) -> Router:
     if fleet.routing == "round_robin":
         return RoundRobinRouter(fleet.n_servers)
     if fleet.routing == "session_affinity":
-        return SessionAffinityRouter(fleet.n_servers)
+        return SessionAffinityRouter(fleet.worker_urls())
     return PrefixAwareRouter(fleet.n_servers, fleet.prefix_aware)
 
 
@@ -512,4 +515,4 @@ def fleet_headlines(result: FleetResult) -> dict[str, float]:
 
 __all__ = ["FleetEngine", "FleetResult", "PrefixAwareRouter", "PrefixTree", "Router",
            "fleet_headlines", "make_router", "measurement_window_s", "pool_tier",
-           "session_instance", "simulate_fleet"]
+           "simulate_fleet"]
