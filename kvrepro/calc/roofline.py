@@ -14,6 +14,7 @@ FLOPs of `new_tokens` query tokens attending to `cached_tokens` earlier ones plu
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,15 +80,27 @@ def _prefill_flops_parts(model: ModelSpec, new_tokens: int,
     return linear, attention
 
 
+def prefill_compute_s(linear: Any, attention: Any, fp16_tflops: float, mfu: float,
+                      attention_tflops: float | None = None) -> Any:
+    """Seconds of `linear` and `attention` prefill FLOPs (floats or arrays): both at
+    fp16_tflops x mfu, or the attention FLOPs at `attention_tflops` where it is given. Why
+    two rates: on a CPU the attention kernel and the matmuls (oneDNN) run at rates of their
+    own, and one rate fitted on short prompts, whose FLOPs are mostly matmuls, makes long
+    ones, whose FLOPs are mostly attention, too slow (`calibration.fit.fit_prefill_split`)."""
+    if attention_tflops is None:
+        return (linear + attention) / (fp16_tflops * 1e12 * mfu)
+    return linear / (fp16_tflops * 1e12 * mfu) + attention / (attention_tflops * 1e12)
+
+
 def prefill_time_s(model: ModelSpec, gpu: GpuSpec, new_tokens: int, cached_tokens: int = 0,
-                   mfu: float = 0.5) -> float:
-    """Seconds of GPU compute to prefill `new_tokens` (compute bound)."""
+                   mfu: float = 0.5, attention_tflops: float | None = None) -> float:
+    """Seconds of GPU compute to prefill `new_tokens` (compute bound; `prefill_compute_s`)."""
     if not (type(mfu) is float and 0.0 < mfu <= 1.0):  # noqa: E721 - the common case, fast
         positive(mfu=mfu)
         if mfu > 1:
             raise ValueError(f"parameter 'mfu' must be <= 1, got {mfu}")
     linear, attention = _prefill_flops_parts(model, new_tokens, cached_tokens)
-    return (linear + attention) / (gpu.fp16_tflops * 1e12 * mfu)
+    return prefill_compute_s(linear, attention, gpu.fp16_tflops, mfu, attention_tflops)
 
 
 def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: int) -> float:

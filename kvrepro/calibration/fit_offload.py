@@ -63,6 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kvrepro.calc.roofline import prefill_compute_s
 from kvrepro.calibration.fit import MIN_DECODE_STEPS, chunked_flops, isolated, line_fit
 from kvrepro.calibration.validate import (
     JOIN_KEYS,
@@ -106,11 +107,12 @@ def _step_model_s(rows: pd.DataFrame, profile: SimProfile, tier: str) -> np.ndar
     new = rows["prompt_tokens"].to_numpy() - cached
     work = [chunked_flops(model, int(n), int(c), s.max_num_batched_tokens)
             for n, c in zip(new, cached, strict=True)]
-    flops = np.array([w[0] for w in work])
     chunks = np.array([w[1] for w in work])
+    compute_s = prefill_compute_s(np.array([w[2] for w in work]), np.array([w[3] for w in work]),
+                                  s.fp16_tflops, s.mfu, s.attention_tflops)
     step_s = (s.step_overhead_s + t.twin_connector_step_s + t.twin_connector_request_s) \
         * rows["host_stretch"].to_numpy(float)
-    return s.front_end_latency_s + chunks * step_s + flops / (s.fp16_tflops * s.mfu * 1e12)
+    return s.front_end_latency_s + chunks * step_s + compute_s
 
 
 def _overlapping(records: pd.DataFrame) -> np.ndarray:

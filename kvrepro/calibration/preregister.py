@@ -61,6 +61,9 @@ class Plan(BaseModel):
     fitted_on: str | None = Field(None, description=(
         "the fit campaign (relative to the project root) that `python -m "
         "kvrepro.calibration` wrote `server` from; None: the package's spec and its fit run"))
+    fit_options: list[str] = Field(default_factory=list, description=(
+        "the options `python -m kvrepro.calibration` wrote `server` with (e.g. "
+        "--attention-rate), before the campaign and the spec's path"))
     tiers: list[str] = Field(min_length=1)
     duration_s: float = Field(gt=0)
     warmup_s: float = Field(ge=0)

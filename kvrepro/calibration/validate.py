@@ -396,6 +396,8 @@ def null_profile(profile: SimProfile) -> SimProfile:
     fast = NULL_SPEEDUP
     server = profile.server.model_copy(update={
         "fp16_tflops": profile.server.fp16_tflops * fast,
+        "attention_tflops": (None if profile.server.attention_tflops is None
+                             else profile.server.attention_tflops * fast),
         "mem_bw_tb_s": profile.server.mem_bw_tb_s * fast,
         "step_overhead_s": 0.0, "front_end_latency_s": 0.0})
     tiers = {}

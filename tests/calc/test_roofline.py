@@ -16,6 +16,18 @@ def test_prefill_flops_hand_case() -> None:
     assert cached["attention"] == pytest.approx(3 * flops["attention"])
 
 
+def test_attention_flops_at_their_own_rate_only_where_given() -> None:
+    """A GPU spec leaves `attention_tflops` unset: one rate, the same float operations as
+    before it existed; set, the attention FLOPs run at it and the matmuls at fp16 x mfu."""
+    qwen, h100 = get_model("Qwen3-14B-BF16"), roofline.get_gpu("H100")
+    flops = roofline.prefill_flops(qwen, 4096, cached_tokens=2048)
+    one = roofline.prefill_time_s(qwen, h100, 4096, 2048, 0.5)
+    assert one == (flops["linear"] + flops["attention"]) / (h100.fp16_tflops * 1e12 * 0.5)
+    two = roofline.prefill_time_s(qwen, h100, 4096, 2048, 0.5, attention_tflops=100.0)
+    assert two == pytest.approx(flops["linear"] / (h100.fp16_tflops * 1e12 * 0.5)
+                                + flops["attention"] / 100e12)
+
+
 def test_ttft_with_and_without_cache_on_h100() -> None:
     qwen, h100 = get_model("Qwen3-14B-BF16"), roofline.get_gpu("H100")
     cold = roofline.ttft_without_cache_s(qwen, h100, 16384, mfu=0.5)

@@ -43,29 +43,33 @@ def _written_specs() -> list:
     checkout): the package's, on the fit run, and each pre-registered draw's own, on its
     plan's `fitted_on`."""
     root = data_dir().parent
-    specs = [pytest.param(FIT_RUN.relative_to(root), SHIPPED, id=SHIPPED.stem)]
+    specs = [pytest.param(FIT_RUN.relative_to(root), SHIPPED, [], id=SHIPPED.stem)]
     for folder, _ in validate.DRAWS:
         plan = preregister.load_plan(preregister.plan_path(data_file("live", folder)))
         if plan.fitted_on:
-            specs.append(pytest.param(Path(plan.fitted_on), root / plan.server, id=folder))
+            specs.append(pytest.param(Path(plan.fitted_on), root / plan.server,
+                                      plan.fit_options, id=folder))
     return specs
 
 
-@pytest.mark.parametrize(("run", "shipped"), _written_specs())
+@pytest.mark.parametrize(("run", "shipped", "options"), _written_specs())
 def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
-        run: Path, shipped: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """As its header says it was written: `python -m kvrepro.calibration <campaign> <out>`
-    from the checkout (the run's path is in the header); nothing of it was typed in."""
+        run: Path, shipped: Path, options: list[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As its header says it was written: `python -m kvrepro.calibration [options]
+    <campaign> <out>` from the checkout (the run's path is in the header, the options in the
+    draw's plan); nothing of it was typed in."""
     monkeypatch.chdir(data_dir().parent)
     fresh = tmp_path / shipped.name  # no spec there: the package's is the stated one
-    profile_yaml.main([str(run), str(fresh)])
+    profile_yaml.main([*options, str(run), str(fresh)])
     assert fresh.read_bytes() == shipped.read_bytes()
     demand = demand_path(shipped)  # the measured demand next to it, the same too
     assert (tmp_path / demand.name).read_bytes() == demand.read_bytes()
     again = tmp_path / "again" / shipped.name  # regenerated in place: its own stated values
     again.parent.mkdir()
     shutil.copyfile(shipped, again)
-    profile_yaml.fit_and_write(run, again)
+    profile_yaml.fit_and_write(run, again,
+                               attention_rate=profile_yaml.ATTENTION_RATE_FLAG in options)
     assert again.read_bytes() == shipped.read_bytes()
 
 

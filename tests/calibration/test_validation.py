@@ -136,6 +136,49 @@ def test_fit_recovers_the_parameters_of_a_simulated_run() -> None:
     assert fit.n_prefill > 200 and fit.prefill_rms_s < 1e-9 and fit.compute_bound_share == 1
 
 
+def test_the_two_rate_fit_recovers_both_rates_of_a_simulated_run() -> None:
+    """A twin whose attention FLOPs run at their own rate: `fit_step_time(attention_rate=
+    True)` gives both rates back, and the one-rate fit cannot (its lone-request residuals
+    grow with the prompt)."""
+    run = read_run(RUN_DIRS["fit"][1])
+    known = simfit.fitted_profile(_known_fit(front_end_latency_s=0.007, attention_tflops=0.05),
+                                  run.meta["tier_config"])
+    result = simulate(validate.workload_of(run), known, "baseline", progress=False)
+    fit = simfit.fit_step_time(result.records, attention_rate=True)
+    assert fit.fp16_tflops == pytest.approx(0.3, rel=1e-6)
+    assert fit.attention_tflops == pytest.approx(0.05, rel=1e-6)
+    assert fit.front_end_latency_s == pytest.approx(0.007, abs=1e-9)
+    assert fit.prefill_rms_s < 1e-9
+    one = simfit.fit_step_time(result.records)
+    assert one.attention_tflops is None and one.prefill_rms_s > 1e-3
+
+
+def test_prefill_fits_by_size_shows_the_one_rate_fits_growing_error() -> None:
+    run = read_run(RUN_DIRS["fit"][1])
+    known = simfit.fitted_profile(_known_fit(front_end_latency_s=0.007, attention_tflops=0.05),
+                                  run.meta["tier_config"])
+    records = simulate(validate.workload_of(run), known, "baseline", progress=False).records
+    table = simfit.prefill_fits_by_size(records, {"twin": records}).set_index(
+        ["fit", "new_tokens_max"])["ratio_median"]
+    assert table["two rates"].to_numpy() == pytest.approx(1.0, abs=1e-6)
+    one = table["one rate"]
+    # one rate through short prompts makes the long ones slow and the short ones fast, as
+    # on the live runs
+    assert one.iloc[0] < 0.98 and one.iloc[-1] > 1.02
+
+
+def test_plane_fit_shrugs_off_a_few_slow_requests() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1e10, size=(200, 2))
+    y = 0.01 + x @ np.array([1 / 0.2e12, 1 / 0.08e12]) + rng.normal(0, 1e-4, 200)
+    y[:10] += 0.5  # a compile, a stray process
+    a, b, _ = simfit.plane_fit(x, y, "test")
+    assert a == pytest.approx(0.01, abs=1e-3)
+    assert 1 / b / 1e12 == pytest.approx([0.2, 0.08], rel=0.02)
+    with pytest.raises(ValueError, match="only 4 lone requests"):
+        simfit.plane_fit(x[:4], y[:4], "test")
+
+
 TINY_TIER_CONFIG = {"name": "baseline", "kind": "baseline", "model": "kvrepro:tiny",
                     "kv_cache_bytes": 2**24, "max_num_batched_tokens": 2048,
                     "max_model_len": 8192}
@@ -152,6 +195,12 @@ def test_write_profile_yaml_round_trips(tmp_path: Path) -> None:
     assert list(loaded.tiers) == ["small"]
     assert loaded.server.front_end_latency_s == pytest.approx(0.0123)
     assert "a run" in path.read_text() and "small 16 MiB" in path.read_text()
+    assert "attention_tflops" not in path.read_text()  # one rate: the key is left out
+    two = _known_fit(attention_tflops=0.07)
+    path = profile_yaml.write_profile_yaml(two, simfit.fitted_profile(two, TINY_TIER_CONFIG),
+                                           tmp_path / "two.yaml", ["a run"], {"small": 2**24})
+    assert load_profile(path).server.attention_tflops == pytest.approx(0.07)
+    assert "attention_tflops: 0.07  # fitted" in path.read_text()
 
 
 def test_write_profile_yaml_refuses_what_the_spec_refuses(tmp_path: Path) -> None:
@@ -188,11 +237,13 @@ def test_isolated_keeps_only_requests_alone_on_their_server() -> None:
 
 def test_chunked_flops_splits_at_the_batch_budget() -> None:
     model = simfit.tiny_model_spec()
-    whole, chunks = simfit.chunked_flops(model, 5000, 100, 4096)
+    whole, chunks, linear, attention = simfit.chunked_flops(model, 5000, 100, 4096)
     assert chunks == 2
-    parts = (prefill_flops(model, 4096, 100)["total"]
-             + prefill_flops(model, 904, 4196)["total"])
-    assert whole == pytest.approx(parts)
+    first, second = prefill_flops(model, 4096, 100), prefill_flops(model, 904, 4196)
+    assert whole == pytest.approx(first["total"] + second["total"])
+    assert linear == pytest.approx(first["linear"] + second["linear"])
+    assert attention == pytest.approx(first["attention"] + second["attention"])
+    assert linear + attention == pytest.approx(whole)
 
 
 # ---------------------------------------------------------------- the validation table

@@ -4,7 +4,8 @@ A step runs every scheduled request once: prefill chunks and single decode token
 
 * compute part: sum over the step's prefill chunks of
   `roofline.prefill_time_s(model, gpu, new_tokens, cached_tokens, mfu)`, where cached_tokens
-  is what the chunk attends to before itself (prefix hits, loads and earlier chunks). Decode
+  is what the chunk attends to before itself (prefix hits, loads and earlier chunks), its
+  attention FLOPs at the server's `attention_tflops` where set. Decode
   tokens are left out: at one token per request their FLOPs are orders of magnitude below a
   step's memory traffic.
 * memory part: `roofline.decode_step_s(model, gpu, kv_tokens, batch_tokens=...)` /
@@ -38,6 +39,7 @@ class StepTimer:
         self.model = server.model_spec()
         self.gpu = server.gpu_spec()
         self.mfu = server.mfu
+        self.attention_tflops = server.attention_tflops
         self.decode_efficiency = server.decode_efficiency
         self.overhead_s = server.step_overhead_s
         self.tp_token_s = server.tp_token_s
@@ -68,8 +70,8 @@ class StepTimer:
 
     def compute_s(self, prefill_chunks: list[tuple[int, int]]) -> float:
         """Prefill compute of (new_tokens, cached_tokens) chunks."""
-        return sum(prefill_time_s(self.model, self.gpu, new, cached, self.mfu)
-                   for new, cached in prefill_chunks)
+        return sum(prefill_time_s(self.model, self.gpu, new, cached, self.mfu,
+                                  self.attention_tflops) for new, cached in prefill_chunks)
 
     def memory_s(self, kv_tokens: int, batch_tokens: int = 1) -> float:
         """Weights `batch_tokens` tokens touch + `kv_tokens` of KV read once, at the achieved
