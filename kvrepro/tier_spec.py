@@ -101,6 +101,11 @@ class TwinRates(StrictModel):
                                      "a step achieves")
     step_overhead_s: float = Field(0.002, ge=0, description="fixed cost of every engine step "
                                    "(scheduling, launch, sampling)")
+    prefill_request_s: float = Field(0.0, ge=0, description="engine work a request adds to "
+                                     "the step that first schedules it (its input batch and "
+                                     "block table set-up): measured, vLLM's prefill time of "
+                                     "lone requests less the twin's steps "
+                                     "(`calibration.profile_yaml`, --attention-rate)")
     front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
                                        "work (HTTP, tokenizing, streaming) that a client sees "
                                        "on top of the engine: added to first-token and finish "

@@ -90,6 +90,11 @@ class FitResult:
     compute_bound_share: float
     attention_tflops: float | None = None
     """The attention FLOPs' own rate (`fit_prefill_split`); None: one rate for all."""
+    prefill_request_s: float = 0.0
+    """The engine's work per new request, taken out of the two-rate fit's intercept
+    (`calibration.profile_yaml`); 0: all of the intercept is the front end."""
+    n_prefill_request: int = 0
+    """Lone requests `prefill_request_s` was measured on."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for tables and the YAML comments)."""
@@ -308,9 +313,9 @@ def prefill_fits_by_size(fit_records: pd.DataFrame, runs: Mapping[str, pd.DataFr
     """The lone requests' TTFT as the one-rate and the two-rate prefill fits of
     `fit_records` give it (`fit_step_time`: front end + chunks x step overhead + prefill
     compute), over live, per named run and bin of new prompt tokens (`PROMPT_BINS`, named
-    by their upper edge): columns fit, run, new_tokens_max, n, ratio_median. Why: a fit whose error grows with the
-    prompt is right on the fit run's short prompts and wrong on the long ones that fill the
-    engine under load (notebook 06)."""
+    by their upper edge): columns fit, run, new_tokens_max, n, ratio_median. Why: a fit
+    whose error grows with the prompt is right on the fit run's short prompts and wrong on
+    the long ones that fill the engine under load (notebook 06)."""
     model = model or tiny_model_spec()
     rows = []
     for name, attention_rate in (("one rate", False), ("two rates", True)):
@@ -344,7 +349,7 @@ def fitted_profile(fit: FitResult, tier_config: TierConfig | Mapping[str, Any],
     model = model or tiny_model_spec()
     server = ServerProfile(
         model=model, fp16_tflops=fit.fp16_tflops, mem_bw_tb_s=fit.mem_bw_tb_s, mfu=1.0,
-        attention_tflops=fit.attention_tflops,
+        attention_tflops=fit.attention_tflops, prefill_request_s=fit.prefill_request_s,
         decode_efficiency=1.0, step_overhead_s=fit.step_overhead_s,
         kv_cache_bytes=float(tier_config.kv_cache_bytes),
         block_tokens=CPU_BLOCK_TOKENS,

@@ -210,6 +210,28 @@ def measured_costs(run: Run, profile: SimProfile) -> tuple[float, float, int]:
     return (max(0.0, float(lookup_s.median())), max(0.0, float(token_s.median())), len(lone))
 
 
+def measured_prefill_request_s(run: Run, profile: SimProfile) -> tuple[float, int]:
+    """The engine's work per newly scheduled request that the step model leaves out
+    (`TwinRates.prefill_request_s`), read off vLLM's own split of a baseline run's lone
+    requests (`validate.lone_latency_s`) against the twin replaying the run without it: the
+    median of the live prefill time (scheduled to first token) less the twin's steps, and
+    how many requests. Why: the two-rate prefill fit's intercept (front end and this
+    together) is 4.6 ms larger than the one-rate fit's, and this part is inside vLLM's
+    prefill time, where an offload tier's measured per-token cost would count it again
+    (`measured_costs`)."""
+    lone = lone_latency_s(run.records, run.samples)
+    if len(lone) < 3:
+        raise ValueError(f"{run.path}: only {len(lone)} lone requests with vLLM's prefill "
+                         "time to measure the per-request engine work from")
+    without = profile.model_copy(update={"server": profile.server.model_copy(
+        update={"prefill_request_s": 0.0})})
+    sim = simulate_replay(run, without).records.set_index(JOIN_KEYS).reindex(lone.index)
+    server = profile_for_run(without, run.meta).server_for(run.meta["tier"])
+    steps_s = (sim["ttft_s"] - server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
+               - sim["queue_s"] - sim["load_s"])
+    return max(0.0, float((lone["prefill_s"] - steps_s).median())), len(lone)
+
+
 def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str, run: str,
               lookup_s: float, token_s: float) -> OffloadFit:
     """Least squares of the residual less the measured connector costs (`measured_costs`:
@@ -290,4 +312,4 @@ def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
 
 
 __all__ = ["OffloadFit", "connector_points", "fit_connector", "fit_loads", "fit_offload_tier",
-           "measured_costs", "offload_points", "with_offload_fit"]
+           "measured_costs", "measured_prefill_request_s", "offload_points", "with_offload_fit"]

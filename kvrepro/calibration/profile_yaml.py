@@ -27,7 +27,7 @@ import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +38,15 @@ from kvrepro._checks import load_yaml, validate_model
 from kvrepro._paths import data_file
 from kvrepro.calibration.fit import FitResult, fit_live_campaign, tier_folders
 from kvrepro.calibration.fit_host import demand_path, measured_host_cpu
-from kvrepro.calibration.fit_offload import OffloadFit, fit_offload_tier
+from kvrepro.calibration.fit_offload import (
+    OffloadFit,
+    fit_offload_tier,
+    measured_prefill_request_s,
+)
 from kvrepro.calibration.validate import FITTED_PARAMETERS, LIVE_TIERS, REPLICATES
 from kvrepro.engines.live.tiers import read_tier_config
 from kvrepro.engines.sim.config import SimProfile, load_profile, sim_profile
-from kvrepro.records import read_run
+from kvrepro.records import Run, read_run
 from kvrepro.tier_spec import (
     EngineSpec,
     HostCpuSpec,
@@ -106,6 +110,8 @@ def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fi
               if s.attention_tflops is not None else []),
             ("mem_bw_tb_s", s.mem_bw_tb_s * 1e3, "GB/s", "fitted", step_run),
             ("step_overhead_s", s.step_overhead_s * 1e3, "ms", "fitted", step_run),
+            *([("prefill_request_s", s.prefill_request_s * 1e3, "ms", "measured", step_run)]
+              if s.prefill_request_s else []),
             ("front_end_latency_s", s.front_end_latency_s * 1e3, "ms", "fitted", step_run),
             ("step_combine", s.step_combine, "", "chosen", step_run),
             ("block_tokens", s.block_tokens, "tokens", "exact", "vLLM's CPU backend"),
@@ -286,6 +292,11 @@ _PREFILL_TWO_RATES = """\
                TTFT - chunks x step_overhead_s vs the roofline's linear and attention prefill
                FLOPs (--attention-rate: Huber-weighted least squares), {f.n_prefill} requests,
                rms {pre_ms:.2f} ms, {f.compute_bound_share:.0%} compute bound."""
+_PREFILL_REQUEST = """
+  prefill_request_s {t[prefill_request_s]:g}: MEASURED, the engine's work per new request
+               inside vLLM's prefill time (its histograms, {f.n_prefill_request} lone
+               requests) less the twin's steps; the front end below is the intercept
+               less it."""
 """The header's lines on the prefill rate: one rate for all FLOPs, or the attention FLOPs at
 a rate of their own (`fit.fit_step_time`'s `attention_rate`)."""
 
@@ -294,6 +305,8 @@ ENGINE_NOTES = {"kv_cache_bytes": "exact: the smallest tier's budget",
                 "max_num_batched_tokens": "exact: tier config", "max_num_seqs": "vLLM's default",
                 "max_model_len": "exact: tier config"}
 TWIN_NOTES = {"fp16_tflops": "fitted", "attention_tflops": "fitted", "mem_bw_tb_s": "fitted",
+              "prefill_request_s": "measured: vLLM's prefill time of lone requests less the "
+                                   "twin's steps",
               "mfu": "folded into fp16_tflops", "decode_efficiency": "folded into mem_bw_tb_s",
               "step_overhead_s": "fitted", "front_end_latency_s": "fitted",
               "step_combine": "chosen on the fit run"}
@@ -337,7 +350,8 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     """The header comments: what is exact, fitted and chosen, and on what."""
     s, m = profile.server, profile.server.model_spec()
     e, t = data["engine"], data["twin"]
-    prefill = (_PREFILL_ONE_RATE if fit.attention_tflops is None else _PREFILL_TWO_RATES).format(
+    prefill = ((_PREFILL_ONE_RATE if fit.attention_tflops is None else _PREFILL_TWO_RATES)
+               + (_PREFILL_REQUEST if fit.prefill_request_s else "")).format(
         t=t, f=fit, gflops=fit.fp16_tflops * 1e3, pre_ms=fit.prefill_rms_s * 1e3)
     text = _HEADER.format(
         e=e, t=t, f=fit, prefill=prefill, kv_per_token=m.kv_bytes_per_token,
@@ -370,6 +384,8 @@ def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str,
             "mem_bw_tb_s": _g4(s.mem_bw_tb_s), "mfu": s.mfu,
             "decode_efficiency": s.decode_efficiency,
             "step_overhead_s": _g4(s.step_overhead_s),
+            **({} if not s.prefill_request_s else
+               {"prefill_request_s": float(f"{s.prefill_request_s:.6f}")}),
             "front_end_latency_s": float(f"{s.front_end_latency_s:.6f}"),
             "step_combine": s.step_combine, "sample_interval_s": _g(profile.sample_interval_s)}
     return {"description": profile.description, "model": model, "engine": engine,
@@ -552,6 +568,20 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
     return out
 
 
+def _split_intercept(fit: FitResult, profile: SimProfile, run: Run
+                     ) -> tuple[FitResult, SimProfile]:
+    """The two-rate prefill fit's intercept split into the engine's work per new request
+    (`fit_offload.measured_prefill_request_s`, on the baseline `run`) and the front end,
+    the rest."""
+    request_s, n = measured_prefill_request_s(run, profile)
+    front_s = max(0.0, fit.front_end_latency_s - request_s)
+    fit = replace(fit, front_end_latency_s=front_s, prefill_request_s=request_s,
+                  n_prefill_request=n)
+    server = profile.server.model_copy(update={"front_end_latency_s": front_s,
+                                               "prefill_request_s": request_s})
+    return fit, profile.model_copy(update={"server": server})
+
+
 def _split_tiers(campaign_dir: Path) -> tuple[list[str], list[str]]:
     """(baseline tiers, LMCache tiers) of a campaign, by whether the run deployed LMCache."""
     names = tier_folders(campaign_dir)
@@ -602,6 +632,8 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
         "host_cpu": None})
     profile = profile.model_copy(update={"host_cpu": measured_host_cpu(
         root, baselines[0], profile, demand_path(out))})
+    if attention_rate:
+        fit, profile = _split_intercept(fit, profile, read_run(root / baselines[0]))
     kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
           for n in baselines}
     kv = dict(sorted({**kv, **stated_baselines(stated, baselines)}.items(),

@@ -55,7 +55,9 @@ async scheduling (the CPU platform turns it off: `CpuPlatform.check_and_update_c
    request it schedules for the first time (not again after a preemption): live, a lone
    request's prefill phase, vLLM's scheduled-to-first-token time, is longer in the LMCache
    tiers than on the baseline by ~2.5-3 us per prompt token (`kvrepro.calibration
-   .fit_offload.measured_costs`).
+   .fit_offload.measured_costs`). On every tier, the step that first schedules a request
+   also costs the server's `prefill_request_s` (the engine's work per new request inside
+   vLLM's prefill time, `fit_offload.measured_prefill_request_s`; 0 unless measured).
 
 At the end of a step (`update_from_output`): computed tokens advance, new full blocks are
 committed to the prefix cache, completed chunks of the prompt (and of the output too with
@@ -95,6 +97,8 @@ class StepPlan:
     new_prompt_tokens: int = 0
     """Prompt tokens of the requests this step schedules for the first time (the
     connector's per-token cost, `twin_connector_token_s`)."""
+    new_requests: int = 0
+    """Requests this step schedules for the first time (the engine's `prefill_request_s`)."""
     duration_s: float = 0.0
 
 
@@ -178,6 +182,7 @@ class Scheduler:
         self.connector_s = ((tier.twin_connector_step_s, tier.twin_connector_request_s)
                             if tier.stores else (0.0, 0.0))
         self.connector_token_s = tier.twin_connector_token_s if tier.stores else 0.0
+        self.request_start_s = server.prefill_request_s
         self.lookup_stretch = 1.0  # the LMCache server's on the host CPUs (host_cpu)
         self.save_decode_cache = tier.lmcache.save_decode_cache
         # LMCache's multi-process connector loads nothing for a preempted request
@@ -226,24 +231,27 @@ class Scheduler:
         wait_s = plan.load_wait_s + plan.lookup_wait_s
         plan.duration_s = self._duration_s(plan.prefill_chunks, plan.kv_tokens, wait_s,
                                            sum(plan.tokens), len(plan.requests),
-                                           plan.new_prompt_tokens)
+                                           plan.new_prompt_tokens, plan.new_requests)
         self._count_step(plan.duration_s - wait_s, len(plan.requests), 1,
-                         plan.new_prompt_tokens)
+                         plan.new_prompt_tokens, plan.new_requests)
         return plan
 
-    def host_step_s(self, n_requests: int, new_prompt_tokens: int = 0) -> float:
-        """A step's host part as CPU work (the engine core's): the timer's and the
-        connector's (per step, per request, per prompt token of a newly scheduled one)."""
+    def host_step_s(self, n_requests: int, new_prompt_tokens: int = 0,
+                    new_requests: int = 0) -> float:
+        """A step's host part as CPU work (the engine core's): the timer's, the engine's per
+        newly scheduled request and the connector's (per step, per request, per prompt token
+        of a newly scheduled one)."""
         step_s, request_s = self.connector_s
         return (self.timer.host_part_s(False) + step_s + request_s * n_requests
-                + self.connector_token_s * new_prompt_tokens)
+                + self.connector_token_s * new_prompt_tokens
+                + self.request_start_s * new_requests)
 
     def _count_step(self, busy_s: float, n_requests: int, steps: int,
-                    new_prompt_tokens: int = 0) -> None:
+                    new_prompt_tokens: int = 0, new_requests: int = 0) -> None:
         """Count `steps` steps of `n_requests` requests that took `busy_s` in all: their host
         parts' CPU work and their forward passes' (the rest, unstretched)."""
         c, timer = self.counters, self.timer
-        core_s = self.host_step_s(n_requests, new_prompt_tokens) * steps
+        core_s = self.host_step_s(n_requests, new_prompt_tokens, new_requests) * steps
         c.steps += steps
         c.host_part_cpu_s += core_s
         c.forward_cpu_s += max(0.0, busy_s - core_s * timer.host_stretch
@@ -263,14 +271,16 @@ class Scheduler:
 
     def _duration_s(self, prefill_chunks: list[tuple[int, int]], kv_tokens: int,
                     wait_s: float, batch_tokens: int, n_requests: int,
-                    new_prompt_tokens: int = 0) -> float:
-        """A step's duration: the timer's step time plus the connector's per-step,
-        per-request and per-new-prompt-token cost (offload tiers)."""
+                    new_prompt_tokens: int = 0, new_requests: int = 0) -> float:
+        """A step's duration: the timer's step time plus the engine's cost per newly
+        scheduled request and the connector's per-step, per-request and per-new-prompt-token
+        cost (offload tiers)."""
         step_s, request_s = self.connector_s
         host = self.timer.host_stretch
         return (self.timer.step_s(prefill_chunks, kv_tokens, wait_s, batch_tokens)
                 + step_s * host + request_s * n_requests * host
-                + self.connector_token_s * new_prompt_tokens * host)
+                + self.connector_token_s * new_prompt_tokens * host
+                + self.request_start_s * new_requests * host)
 
     def _schedule_running(self, now_s: float, plan: StepPlan) -> int | None:
         """Running requests first; returns the budget left, or None after a preemption."""
@@ -389,6 +399,7 @@ class Scheduler:
     def _start_running(self, plan: StepPlan, req: Request, n: int) -> None:
         if req.recomputed_tokens == 0:  # its first scheduling, not a resume after preemption
             plan.new_prompt_tokens += req.prompt_tokens
+            plan.new_requests += 1
         req.state = RequestState.RUNNING
         self.running.append(req)
         if req.computed_tokens + n < req.num_tokens:

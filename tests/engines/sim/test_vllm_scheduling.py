@@ -142,6 +142,30 @@ def test_the_connector_token_cost_is_paid_once_per_request(profile: SimProfile) 
     assert all(duration_s > 64e-3 for _, duration_s in paid)
 
 
+def test_the_engines_per_request_work_is_paid_once_per_request_on_every_tier(
+        profile: SimProfile) -> None:
+    """`prefill_request_s`, the engine's work per new request, in the step that first
+    schedules it, baseline or offload tier, and not again after a preemption; the steps'
+    host part counts it as the engine core's work."""
+    for tier in (profile.tier("baseline"), _async_tier(profile)):
+        server = _server(profile, blocks=11, budget=64).model_copy(
+            update={"prefill_request_s": 5e-3})
+        sched = Scheduler(server, tier, StepTimer(server))
+        a, b = _request(1, prompt=64, output=60), _request(2, prompt=64, output=60)
+        sched.waiting.extend([a, b])
+        paid, now_s = [], 0.0
+        for _ in range(400):
+            plan, now_s = _step(sched, now_s)
+            if plan is not None and plan.new_requests:
+                paid.append((plan.new_requests, plan.duration_s))
+            if a.state == b.state == RequestState.FINISHED:
+                break
+        assert b.preemptions >= 1, tier.name
+        assert [n for n, _ in paid] == [1, 1], tier.name
+        assert all(duration_s > 5e-3 for _, duration_s in paid)
+        assert sched.host_step_s(1, 0, 1) - sched.host_step_s(1) == pytest.approx(5e-3)
+
+
 def test_a_preempted_request_recomputes_from_its_prefix_hit(profile: SimProfile) -> None:
     """A preempted request is admitted again as a new one, with a prefix-cache lookup
     (its num_computed_tokens is 0): its own full blocks, if still cached, are hits."""
