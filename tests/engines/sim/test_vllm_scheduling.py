@@ -122,22 +122,30 @@ def test_the_newest_running_request_is_preempted(profile: SimProfile) -> None:
     assert c.state == RequestState.WAITING
 
 
-def test_the_connector_token_cost_is_paid_once_per_request(profile: SimProfile) -> None:
-    """`twin_connector_token_s` per prompt token, in the step that first schedules the
-    request (the live LMCache tiers' prefill phase grows with the prompt): a request
-    preempted and admitted again does not pay it twice."""
-    tier = _async_tier(profile).model_copy(update={"twin_connector_token_s": 1e-3})
-    sched = _scheduler(profile, blocks=11, budget=64, tier=tier)
+def _paid_steps(sched: Scheduler, field: str) -> list[tuple[int, float]]:
+    """Two 64-token requests on `sched` (its pool too small for both to finish without a
+    preemption) run to the end: (the plan's `field`, its duration) of each step with a
+    non-zero `field`."""
     a, b = _request(1, prompt=64, output=60), _request(2, prompt=64, output=60)
     sched.waiting.extend([a, b])
     paid, now_s = [], 0.0
     for _ in range(400):
         plan, now_s = _step(sched, now_s)
-        if plan is not None and plan.new_prompt_tokens:
-            paid.append((plan.new_prompt_tokens, plan.duration_s))
+        if plan is not None and getattr(plan, field):
+            paid.append((getattr(plan, field), plan.duration_s))
         if a.state == b.state == RequestState.FINISHED:
             break
     assert b.preemptions >= 1
+    return paid
+
+
+def test_the_connector_token_cost_is_paid_once_per_request(profile: SimProfile) -> None:
+    """`twin_connector_token_s` per prompt token, in the step that first schedules the
+    request (the live LMCache tiers' prefill phase grows with the prompt): a request
+    preempted and admitted again does not pay it twice."""
+    tier = _async_tier(profile).model_copy(update={"twin_connector_token_s": 1e-3})
+    paid = _paid_steps(_scheduler(profile, blocks=11, budget=64, tier=tier),
+                       "new_prompt_tokens")
     assert [tokens for tokens, _ in paid] == [64, 64]
     assert all(duration_s > 64e-3 for _, duration_s in paid)
 
@@ -151,16 +159,7 @@ def test_the_engines_per_request_work_is_paid_once_per_request_on_every_tier(
         server = _server(profile, blocks=11, budget=64).model_copy(
             update={"prefill_request_s": 5e-3})
         sched = Scheduler(server, tier, StepTimer(server))
-        a, b = _request(1, prompt=64, output=60), _request(2, prompt=64, output=60)
-        sched.waiting.extend([a, b])
-        paid, now_s = [], 0.0
-        for _ in range(400):
-            plan, now_s = _step(sched, now_s)
-            if plan is not None and plan.new_requests:
-                paid.append((plan.new_requests, plan.duration_s))
-            if a.state == b.state == RequestState.FINISHED:
-                break
-        assert b.preemptions >= 1, tier.name
+        paid = _paid_steps(sched, "new_requests")
         assert [n for n, _ in paid] == [1, 1], tier.name
         assert all(duration_s > 5e-3 for _, duration_s in paid)
         assert sched.host_step_s(1, 0, 1) - sched.host_step_s(1) == pytest.approx(5e-3)
