@@ -519,8 +519,15 @@ included, with the live servers in the load client's session: before, they ran i
 their own, and the client on their CPU stalled 70-400 ms at a time
 (`engines.live.processes.ManagedProcess`). Their runs are named `redrawn(set, FIFTH_SUFFIX)`."""
 FIFTH_SUFFIX = "-fifth"
+SIXTH_ROOT = "cpu_tiny_prereg_sixth"
+"""data/live/<SIXTH_ROOT>: the five sets drawn a sixth time (seeds +500), pre-registered on
+the twin with the two-rate prefill and the engine's work per new request, its spec written by
+the fit routine with `--attention-rate` on the fifth draw's fit campaign, because the fifth
+draw's misses (long prompts under load) chose that change. Their runs are named
+`redrawn(set, SIXTH_SUFFIX)`."""
+SIXTH_SUFFIX = "-sixth"
 DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX),
-         (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX))
+         (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX), (SIXTH_ROOT, SIXTH_SUFFIX))
 """Every draw of the held-out sets, in order: its folder under data/live and the suffix its
 runs' names carry in a validation table (`redrawn`)."""
 
@@ -1116,7 +1123,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
-           "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "DRAWS", "ONE_SESSION_FIT",
+           "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "SIXTH_ROOT", "SIXTH_SUFFIX",
+           "DRAWS", "ONE_SESSION_FIT",
            "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
