@@ -30,10 +30,11 @@ def test_the_plan_is_the_validation_sets() -> None:
 
 @pytest.mark.parametrize("root", [pytest.param(r, id=r.name) for r in LATER])
 def test_a_later_draw_is_the_held_out_sets_with_new_seeds(root: Path) -> None:
-    """Only the seeds differ, and a draw predicted from a same-day spec (`fitted_on`)
-    deploys exactly the tiers of the package's spec: only the twin's constants moved."""
+    """Only the seeds differ, and a draw predicted from a spec the routine wrote
+    (`fitted_on`, `fit_options`) deploys exactly the tiers of the package's spec: only the
+    twin's constants moved."""
     again = preregister.load_plan(preregister.plan_path(root))
-    same = {"sets", "server", "fitted_on"}
+    same = {"sets", "server", "fitted_on", "fit_options"}
     assert again.model_dump(exclude=same) == PLAN.model_dump(exclude=same)
     assert (again.server == PLAN.server) == (again.fitted_on is None)
     assert list(again.sets) == list(PLAN.sets)
