@@ -95,6 +95,9 @@ class FitResult:
     (`calibration.profile_yaml`); 0: all of the intercept is the front end."""
     n_prefill_request: int = 0
     """Lone requests `prefill_request_s` was measured on."""
+    prefill_request_run: str = ""
+    """The campaign those lone requests are from, where not the fit's own
+    (`profile_yaml.PREFILL_REQUEST_FLAG`)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (for tables and the YAML comments)."""

@@ -21,6 +21,7 @@ tell a fitted number from a known one.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import math
@@ -85,6 +86,12 @@ baseline than a GPU's max; notebook 06)."""
 ATTENTION_RATE_FLAG = "--attention-rate"
 """The fit routine's option to fit prefill's attention FLOPs at a rate of their own
 (`fit.fit_prefill_split`); a pre-registered plan lists it in `fit_options`."""
+PREFILL_REQUEST_FLAG = "--prefill-request-from"
+"""The fit routine's option (with a campaign folder, with `ATTENTION_RATE_FLAG`) to measure
+the engine's work per new request (`fit_offload.measured_prefill_request_s`) on another
+recording of the fit command. Why: vLLM's prefill time is read off a sample interval in which
+only that request finished; a recording may hold too few such requests (2026-12-05 22:44: one
+in 706), and this is the engine's work, not the hour's machine."""
 STEP_FIT_TIERS = ("small-kv",)
 """The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
 
@@ -296,7 +303,7 @@ _PREFILL_REQUEST = """
   prefill_request_s {t[prefill_request_s]:g}: MEASURED, the engine's work per new request
                inside vLLM's prefill time (its histograms, {f.n_prefill_request} lone
                requests) less the twin's steps; the front end below is the intercept
-               less it."""
+               less it.{measured_on}"""
 """The header's lines on the prefill rate: one rate for all FLOPs, or the attention FLOPs at
 a rate of their own (`fit.fit_step_time`'s `attention_rate`)."""
 
@@ -352,7 +359,9 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     e, t = data["engine"], data["twin"]
     prefill = ((_PREFILL_ONE_RATE if fit.attention_tflops is None else _PREFILL_TWO_RATES)
                + (_PREFILL_REQUEST if fit.prefill_request_s else "")).format(
-        t=t, f=fit, gflops=fit.fp16_tflops * 1e3, pre_ms=fit.prefill_rms_s * 1e3)
+        t=t, f=fit, gflops=fit.fp16_tflops * 1e3, pre_ms=fit.prefill_rms_s * 1e3,
+        measured_on=(f"\n               Those requests are {fit.prefill_request_run}'s "
+                     f"({PREFILL_REQUEST_FLAG})." if fit.prefill_request_run else ""))
     text = _HEADER.format(
         e=e, t=t, f=fit, prefill=prefill, kv_per_token=m.kv_bytes_per_token,
         kv_tokens=int(e["kv_cache_bytes"] // m.kv_bytes_per_token),
@@ -568,15 +577,16 @@ def write_profile_yaml(fit: FitResult, profile: SimProfile, path: str | Path,
     return out
 
 
-def _split_intercept(fit: FitResult, profile: SimProfile, run: Run
+def _split_intercept(fit: FitResult, profile: SimProfile, run: Run, elsewhere: bool = False
                      ) -> tuple[FitResult, SimProfile]:
     """The two-rate prefill fit's intercept split into the engine's work per new request
-    (`fit_offload.measured_prefill_request_s`, on the baseline `run`) and the front end,
-    the rest."""
+    (`fit_offload.measured_prefill_request_s`, on the baseline `run`, named in the header
+    where it is `elsewhere` than the fit's campaign) and the front end, the rest."""
     request_s, n = measured_prefill_request_s(run, profile)
     front_s = max(0.0, fit.front_end_latency_s - request_s)
     fit = replace(fit, front_end_latency_s=front_s, prefill_request_s=request_s,
-                  n_prefill_request=n)
+                  n_prefill_request=n,
+                  prefill_request_run=str(run.path.parent) if elsewhere else "")
     server = profile.server.model_copy(update={"front_end_latency_s": front_s,
                                                "prefill_request_s": request_s})
     return fit, profile.model_copy(update={"server": server})
@@ -602,7 +612,8 @@ def _fit_offload_tiers(root: Path, tiers: list[str], start: SpecText, out: Path
 
 
 def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
-                  stated_spec: StatedSpec = None, attention_rate: bool = False
+                  stated_spec: StatedSpec = None, attention_rate: bool = False,
+                  prefill_request_from: str | Path | None = None
                   ) -> tuple[FitResult, dict[str, OffloadFit], SimProfile, Path]:
     """Fit the step time to the campaign's baseline tiers and the offload costs to its LMCache
     tiers; write the commented spec YAML (what ships as data/servers/cpu_tiny.yaml).
@@ -617,7 +628,8 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     on the step fit, the offload costs fitted, the split measured again on them and the
     offload costs fitted once more (a third round moves the split by 0.2 % on the fit run).
     `attention_rate`: prefill's attention FLOPs at a rate of their own
-    (`fit.fit_prefill_split`)."""
+    (`fit.fit_prefill_split`), the engine's work per new request measured on the campaign's
+    baseline or on `prefill_request_from`'s (`PREFILL_REQUEST_FLAG`)."""
     root = Path(campaign_dir)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -633,7 +645,9 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     profile = profile.model_copy(update={"host_cpu": measured_host_cpu(
         root, baselines[0], profile, demand_path(out))})
     if attention_rate:
-        fit, profile = _split_intercept(fit, profile, read_run(root / baselines[0]))
+        source = Path(prefill_request_from) if prefill_request_from else root
+        fit, profile = _split_intercept(fit, profile, read_run(source / baselines[0]),
+                                        elsewhere=source != root)
     kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
           for n in baselines}
     kv = dict(sorted({**kv, **stated_baselines(stated, baselines)}.items(),
@@ -672,17 +686,42 @@ def replicate_fits(out_dir: str | Path, live_dir: str | Path | None = None,
     return pd.DataFrame(columns).reset_index(), profiles
 
 
+def _parser() -> argparse.ArgumentParser:
+    """The fit routine's command line."""
+    parser = argparse.ArgumentParser(prog="python -m kvrepro.calibration")
+    parser.add_argument(ATTENTION_RATE_FLAG, action="store_true",
+                        help="prefill's attention FLOPs at a rate of their own")
+    parser.add_argument(PREFILL_REQUEST_FLAG, metavar="DIR", default=None,
+                        help="measure the engine's work per new request on this recording "
+                        "of the fit command (with --attention-rate)")
+    parser.add_argument("campaign_dir")
+    parser.add_argument("out_yaml")
+    parser.add_argument("stated_yaml", nargs="?", default=None)
+    return parser
+
+
+def fit_kwargs(options: Iterable[str]) -> dict[str, Any]:
+    """`fit_and_write`'s keyword arguments for the routine's options (a pre-registered plan's
+    `fit_options`), as the command line reads them."""
+    args = _parser().parse_args([*options, "CAMPAIGN_DIR", "OUT_YAML"])
+    return {"attention_rate": args.attention_rate,
+            "prefill_request_from": args.prefill_request_from}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """`python -m kvrepro.calibration [--attention-rate] CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    attention_rate = ATTENTION_RATE_FLAG in args
-    args = [a for a in args if a != ATTENTION_RATE_FLAG]
-    if len(args) not in (2, 3):
-        raise SystemExit(f"usage: python -m kvrepro.calibration [{ATTENTION_RATE_FLAG}] "
-                         "CAMPAIGN_DIR OUT_YAML [STATED_YAML]")
-    fit, fits, _, path = fit_and_write(*args, attention_rate=attention_rate)
+    """`python -m kvrepro.calibration [--attention-rate [--prefill-request-from DIR]]
+    CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.prefill_request_from and not args.attention_rate:
+        parser.error(f"{PREFILL_REQUEST_FLAG} needs {ATTENTION_RATE_FLAG}")
+    if args.prefill_request_from and not Path(args.prefill_request_from).is_dir():
+        parser.error(f"{PREFILL_REQUEST_FLAG}: no such folder: {args.prefill_request_from}")
+    fit, fits, _, path = fit_and_write(args.campaign_dir, args.out_yaml, args.stated_yaml,
+                                       attention_rate=args.attention_rate,
+                                       prefill_request_from=args.prefill_request_from)
     print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()
-                                        if v is not None))
+                                        if isinstance(v, int | float)))
     for tier, f in fits.items():
         print(f"  {tier}: lookup {f.twin_lookup_s * 1e3:.2f} ms, connector "
               f"{f.twin_connector_step_s * 1e3:.3f} + "
@@ -691,7 +730,8 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["ATTENTION_RATE_FLAG", "COST_KINDS", "COST_NOTES", "COST_UNITS", "FIT_KINDS",
+__all__ = ["ATTENTION_RATE_FLAG", "PREFILL_REQUEST_FLAG", "fit_kwargs", "COST_KINDS",
+           "COST_NOTES", "COST_UNITS", "FIT_KINDS",
            "FIT_START_READ_BW",
            "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write",
            "fitted_parameters", "main", "read_stated", "replicate_fits", "spec_text",

@@ -526,8 +526,16 @@ the fit routine with `--attention-rate` on the fifth draw's fit campaign, becaus
 draw's misses (long prompts under load) chose that change. Their runs are named
 `redrawn(set, SIXTH_SUFFIX)`."""
 SIXTH_SUFFIX = "-sixth"
+SEVENTH_ROOT = "cpu_tiny_prereg_seventh"
+"""data/live/<SEVENTH_ROOT>: the five sets drawn a seventh time (seeds +600), pre-registered on
+the sixth draw's twin, unchanged, its spec written by the fit routine with `--attention-rate`
+on a fit campaign recorded minutes before (data/live/cpu_tiny_fit_seventh), because the sixth
+draw's runs met a machine slower than its fit three hours earlier (`machine_table`). Their
+runs are named `redrawn(set, SEVENTH_SUFFIX)`."""
+SEVENTH_SUFFIX = "-seventh"
 DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX),
-         (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX), (SIXTH_ROOT, SIXTH_SUFFIX))
+         (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX), (SIXTH_ROOT, SIXTH_SUFFIX),
+         (SEVENTH_ROOT, SEVENTH_SUFFIX))
 """Every draw of the held-out sets, in order: its folder under data/live and the suffix its
 runs' names carry in a validation table (`redrawn`)."""
 
@@ -606,10 +614,53 @@ def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]
               + (model.active_weight_bytes + ctx * model.kv_bytes_per_token)
               / (s.mem_bw_tb_s * 1e12 * s.decode_efficiency))
     res_s = decode_step_s(lone) - step_s
-    return {"tier": run.meta["tier"], "n_lone": int(len(lone)),
+    return {"tier": run.meta["tier"], "started_utc": run.meta.get("started_utc"),
+            "n_lone": int(len(lone)), "twin_step_median_ms": float(1e3 * step_s.median()),
             "decode_residual_median_ms": float(1e3 * res_s.median()),
             "decode_residual_p90_ms": float(1e3 * res_s.quantile(0.9)),
             "share_over_1ms": float((res_s > 0.001).mean()) if len(res_s) else math.nan}
+
+
+def machine_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
+                  own: Mapping[str, SimProfile] | None = None,
+                  tier: str = "small-kv") -> pd.DataFrame:
+    """Per run (`validation_table`'s `runs` and `own`): when its `tier` started and how far
+    that tier's lone decode steps sat from the twin that scored it (`decode_residuals`), in
+    ms and in % of the twin's lone step. Why: a lone request's decode steps are the machine's
+    and the step model's, nothing else's; a run whose lone steps are slower than the twin's
+    met a slower machine than its fit did (the speed probe, a compute loop, does not see it),
+    and every queue of the run amplifies that."""
+    rows = []
+    for name, tier_dirs in runs.items():
+        for folder in (Path(d) for d in tier_dirs if Path(d).name == tier):
+            res = decode_residuals(folder, (own or {}).get(name, profile))
+            rows.append({"run": name, "started_utc": res["started_utc"], "n_lone": res["n_lone"],
+                         "twin_step_ms": res["twin_step_median_ms"],
+                         "residual_ms": res["decode_residual_median_ms"],
+                         "residual_pct": 100.0 * res["decode_residual_median_ms"]
+                         / res["twin_step_median_ms"]})
+    return pd.DataFrame(rows)
+
+
+def machine_adjusted(profile: SimProfile, residual_s: float) -> SimProfile:
+    """`profile` with every engine step `residual_s` longer (the step's host part): the twin
+    given a run's measured lone decode residual (`machine_table`). A diagnostic of how much of
+    a miss the machine of that day explains, never a prediction: the residual is read off the
+    run it then scores."""
+    server = profile.server
+    return profile.model_copy(update={"server": server.model_copy(
+        update={"step_overhead_s": max(0.0, server.step_overhead_s + residual_s)})})
+
+
+def machine_whatif_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
+                         own: Mapping[str, SimProfile] | None = None) -> pd.DataFrame:
+    """`validation_table` with each run's twin `machine_adjusted` by the residual of its
+    baseline tier (`machine_table`; one per set: its three tiers ran minutes apart on the
+    machine of that hour)."""
+    machine = machine_table(runs, profile, own).set_index("run")["residual_ms"]
+    adjusted = {name: machine_adjusted((own or {}).get(name, profile), machine[name] / 1e3)
+                for name in runs if name in machine.index}
+    return validation_table({n: runs[n] for n in adjusted}, profile, adjusted)[0]
 
 
 DRIFT_ROOT = "cpu_tiny_drift"
@@ -1124,7 +1175,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
            "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "SIXTH_ROOT", "SIXTH_SUFFIX",
-           "DRAWS", "ONE_SESSION_FIT",
+           "SEVENTH_ROOT", "SEVENTH_SUFFIX", "DRAWS", "ONE_SESSION_FIT",
+           "machine_adjusted", "machine_table", "machine_whatif_table",
            "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",

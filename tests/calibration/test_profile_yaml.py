@@ -68,9 +68,27 @@ def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
     again = tmp_path / "again" / shipped.name  # regenerated in place: its own stated values
     again.parent.mkdir()
     shutil.copyfile(shipped, again)
-    profile_yaml.fit_and_write(run, again,
-                               attention_rate=profile_yaml.ATTENTION_RATE_FLAG in options)
+    profile_yaml.fit_and_write(run, again, **profile_yaml.fit_kwargs(options))
     assert again.read_bytes() == shipped.read_bytes()
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    (["--prefill-request-from", "data/live/cpu_tiny_fit_one_session"],
+     "--prefill-request-from needs --attention-rate"),
+    (["--attention-rate", "--prefill-request-from", "no/such/run"],
+     "--prefill-request-from: no such folder: no/such/run"),
+])
+def test_the_routine_refuses_a_bad_option_naming_it(
+        options: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad input: one line naming the option, exit 2, nothing written."""
+    monkeypatch.chdir(data_dir().parent)
+    out = tmp_path / "spec.yaml"
+    with pytest.raises(SystemExit) as stop:
+        profile_yaml.main([*options, str(FIT_RUN), str(out)])
+    assert stop.value.code == 2
+    assert named in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> None:

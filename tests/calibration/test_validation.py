@@ -519,6 +519,26 @@ def test_drift_table_is_zero_where_the_probe_is_the_fit_run(shipped, tmp_path: P
     assert math.isfinite(shipped_probe.loc["decode_step_mean_s", "live_change_pct"])
 
 
+def test_machine_table_reads_the_lone_steps_against_the_twin_that_scored_them() -> None:
+    """A twin whose steps are 1 ms longer sees every run's lone decode residual 1 ms lower;
+    `machine_adjusted` by a run's residual leaves it at 0 (the what-if's twin is the
+    machine of that run); the sixth draw's baseline met a slower machine than its fit."""
+    sixth = validate.SIXTH_ROOT
+    profile = load_profile(data_file("live", sixth, "cpu_tiny.yaml"))
+    runs = {name: [LIVE / sixth / name / t for t in validate.LIVE_TIERS]
+            for name in ("a-seed-rate", "e-returning")}
+    table = validate.machine_table(runs, profile).set_index("run")
+    assert list(table.index) == list(runs) and (table["n_lone"] > 10).all()
+    slower = validate.machine_adjusted(profile, 0.001)
+    moved = validate.machine_table(runs, slower).set_index("run")
+    assert np.allclose(moved["residual_ms"], table["residual_ms"] - 1.0)
+    for name, residual_ms in table["residual_ms"].items():
+        at_zero = validate.machine_table({name: runs[name]},
+                                         validate.machine_adjusted(profile, residual_ms / 1e3))
+        assert abs(at_zero["residual_ms"].iloc[0]) < 1e-9
+    assert (table["residual_pct"] > 10).all()
+
+
 def test_replication_table_is_zero_where_a_recording_repeats_itself(tmp_path: Path) -> None:
     """The same recording under two replicate names changes nothing; the shipped replicates
     are paired oldest first, each pair's later start after its earlier one."""
