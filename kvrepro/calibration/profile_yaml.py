@@ -90,8 +90,9 @@ PREFILL_REQUEST_FLAG = "--prefill-request-from"
 """The fit routine's option (with a campaign folder, with `ATTENTION_RATE_FLAG`) to measure
 the engine's work per new request (`fit_offload.measured_prefill_request_s`) on another
 recording of the fit command. Why: vLLM's prefill time is read off a sample interval in which
-only that request finished; a recording may hold too few such requests (2026-12-05 22:44: one
-in 706), and this is the engine's work, not the hour's machine."""
+only that request finished; a recording may hold too few such requests
+(data/live/cpu_tiny_fit_seventh: 2 of 709), and this is the engine's work, not the hour's
+machine."""
 STEP_FIT_TIERS = ("small-kv",)
 """The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
 

@@ -643,7 +643,8 @@ def machine_table(runs: Mapping[str, list[str | Path]], profile: SimProfile,
 
 
 def machine_adjusted(profile: SimProfile, residual_s: float) -> SimProfile:
-    """`profile` with every engine step `residual_s` longer (the step's host part): the twin
+    """`profile` with `residual_s` added to every engine step's host part (`step_overhead_s`,
+    which the twin's host model may stretch; at 0 where the sum would be negative): the twin
     given a run's measured lone decode residual (`machine_table`). A diagnostic of how much of
     a miss the machine of that day explains, never a prediction: the residual is read off the
     run it then scores."""
