@@ -106,6 +106,14 @@ class TwinRates(StrictModel):
                                      "block table set-up): measured, vLLM's prefill time of "
                                      "lone requests less the twin's steps "
                                      "(`calibration.profile_yaml`, --attention-rate)")
+    engine_intake_s: float = Field(0.0, ge=0, description="vLLM's queue time of a request "
+                                   "that finds room: its engine core's work from taking it in "
+                                   "(QUEUED, `Scheduler.add_request`) to the `schedule()` "
+                                   "that admits it. Inside the twin's step overhead, so it "
+                                   "only adds to the queue time the twin reports "
+                                   "(`engine_queue_s`). Measured: the median over lone "
+                                   "baseline requests (`calibration.profile_yaml`, "
+                                   "--engine-intake)")
     front_end_latency_s: float = Field(0.0, ge=0, description="the API server's per-request "
                                        "work (HTTP, tokenizing, streaming) that a client sees "
                                        "on top of the engine: added to first-token and finish "

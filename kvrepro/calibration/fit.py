@@ -95,6 +95,11 @@ class FitResult:
     (`calibration.profile_yaml`); 0: all of the intercept is the front end."""
     n_prefill_request: int = 0
     """Lone requests `prefill_request_s` was measured on."""
+    engine_intake_s: float = 0.0
+    """vLLM's queue time of the lone baseline requests, median (`profile_yaml`'s
+    --engine-intake; 0: not measured)."""
+    n_engine_intake: int = 0
+    """Lone requests `engine_intake_s` was measured on."""
     prefill_request_run: str = ""
     """The campaign those lone requests are from, where not the fit's own
     (`profile_yaml.PREFILL_REQUEST_FLAG`)."""

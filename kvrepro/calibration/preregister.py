@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -182,26 +183,32 @@ def _run_start(tier_dir: Path) -> datetime | None:
 def protocol_table(plan: Plan, root: str | Path | None = None) -> pd.DataFrame:
     """Per set and tier: when the predictions were committed, when the run started, whether
     that order holds, and how far the twin today is from the committed prediction (max |
-    relative difference| over the metrics: 0 while the twin is frozen)."""
+    relative difference| over the metrics: 0 while the twin is frozen), leaving out the
+    metrics redefined since the commit (`validate.REDEFINED_METRICS`, listed in
+    `redefined`)."""
     rows = []
     for name in plan.sets:
         folder = set_dir(name, root)
         committed = _commit_time(folder / PREDICTIONS)
         stored = pd.read_csv(folder / PREDICTIONS) if (folder / PREDICTIONS).exists() else None
         today = predict_set(plan, name) if stored is not None else None
+        redefined = validate.redefined_since(committed)
         for tier in plan.tiers:
             started = _run_start(folder / tier) if (folder / tier / "meta.json").exists() \
                 else None
-            drift = _drift(stored, today, tier) if stored is not None else float("nan")
+            drift = _drift(stored, today, tier, redefined) if stored is not None \
+                else float("nan")
             rows.append({"set": name, "tier": tier, "predicted_utc": committed,
                          "recorded_utc": started,
                          "predicted_first": bool(committed and started and committed < started),
-                         "max_prediction_drift": drift})
+                         "max_prediction_drift": drift, "redefined": ", ".join(redefined)})
     return pd.DataFrame(rows)
 
 
-def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str) -> float:
-    a = stored[stored.tier == tier].set_index("metric")["predicted"]
+def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str,
+           redefined: Sequence[str] = ()) -> float:
+    kept = (stored.tier == tier) & ~stored.metric.isin(redefined)
+    a = stored[kept].set_index("metric")["predicted"]
     b = today[today.tier == tier].set_index("metric")["predicted"]
     both = pd.concat([a, b], axis=1, keys=["stored", "today"]).dropna()
     if both.empty:

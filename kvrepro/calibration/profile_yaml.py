@@ -42,6 +42,7 @@ from kvrepro.calibration.fit_host import demand_path, measured_host_cpu
 from kvrepro.calibration.fit_offload import (
     OffloadFit,
     fit_offload_tier,
+    measured_engine_intake_s,
     measured_prefill_request_s,
 )
 from kvrepro.calibration.validate import FITTED_PARAMETERS, LIVE_TIERS, REPLICATES
@@ -93,6 +94,11 @@ recording of the fit command. Why: vLLM's prefill time is read off a sample inte
 only that request finished; a recording may hold too few such requests
 (data/live/cpu_tiny_fit_seventh: 2 of 709), and this is the engine's work, not the hour's
 machine."""
+ENGINE_INTAKE_FLAG = "--engine-intake"
+"""The fit routine's option to measure the engine's intake (`TwinRates.engine_intake_s`,
+`fit_offload.measured_engine_intake_s`) on the lone baseline requests of the campaign, or of
+`PREFILL_REQUEST_FLAG`'s recording where given (the same requests' vLLM split). Why an
+option: the specs written without it stay what the routine writes."""
 STEP_FIT_TIERS = ("small-kv",)
 """The fit run's tiers the step time is fitted on (its baseline: no LMCache)."""
 
@@ -120,6 +126,8 @@ def fitted_parameters(profile: SimProfile, fit_run: str = "data/live/cpu_tiny_fi
             ("step_overhead_s", s.step_overhead_s * 1e3, "ms", "fitted", step_run),
             *([("prefill_request_s", s.prefill_request_s * 1e3, "ms", "measured", step_run)]
               if s.prefill_request_s else []),
+            *([("engine_intake_s", s.engine_intake_s * 1e3, "ms", "measured", step_run)]
+              if s.engine_intake_s else []),
             ("front_end_latency_s", s.front_end_latency_s * 1e3, "ms", "fitted", step_run),
             ("step_combine", s.step_combine, "", "chosen", step_run),
             ("block_tokens", s.block_tokens, "tokens", "exact", "vLLM's CPU backend"),
@@ -305,6 +313,11 @@ _PREFILL_REQUEST = """
                inside vLLM's prefill time (its histograms, {f.n_prefill_request} lone
                requests) less the twin's steps; the front end below is the intercept
                less it.{measured_on}"""
+_ENGINE_INTAKE = """
+  engine_intake_s {t[engine_intake_s]:g}: MEASURED, vLLM's queue time of {f.n_engine_intake} lone
+               baseline requests (median, {ENGINE_INTAKE_FLAG}): the engine core's work
+               before the schedule() that admits a request; only the queue time the twin
+               reports holds it.{measured_on}"""
 """The header's lines on the prefill rate: one rate for all FLOPs, or the attention FLOPs at
 a rate of their own (`fit.fit_step_time`'s `attention_rate`)."""
 
@@ -315,6 +328,7 @@ ENGINE_NOTES = {"kv_cache_bytes": "exact: the smallest tier's budget",
 TWIN_NOTES = {"fp16_tflops": "fitted", "attention_tflops": "fitted", "mem_bw_tb_s": "fitted",
               "prefill_request_s": "measured: vLLM's prefill time of lone requests less the "
                                    "twin's steps",
+              "engine_intake_s": "measured: vLLM's queue time of lone baseline requests",
               "mfu": "folded into fp16_tflops", "decode_efficiency": "folded into mem_bw_tb_s",
               "step_overhead_s": "fitted", "front_end_latency_s": "fitted",
               "step_combine": "chosen on the fit run"}
@@ -359,8 +373,10 @@ def _header(fit: FitResult, profile: SimProfile, data: Mapping[str, Any],
     s, m = profile.server, profile.server.model_spec()
     e, t = data["engine"], data["twin"]
     prefill = ((_PREFILL_ONE_RATE if fit.attention_tflops is None else _PREFILL_TWO_RATES)
-               + (_PREFILL_REQUEST if fit.prefill_request_s else "")).format(
+               + (_PREFILL_REQUEST if fit.prefill_request_s else "")
+               + (_ENGINE_INTAKE if fit.engine_intake_s else "")).format(
         t=t, f=fit, gflops=fit.fp16_tflops * 1e3, pre_ms=fit.prefill_rms_s * 1e3,
+        ENGINE_INTAKE_FLAG=ENGINE_INTAKE_FLAG,
         measured_on=(f"\n               Those requests are {fit.prefill_request_run}'s "
                      f"({PREFILL_REQUEST_FLAG})." if fit.prefill_request_run else ""))
     text = _HEADER.format(
@@ -396,6 +412,8 @@ def _server_data(profile: SimProfile, placement: Mapping[str, Any]) -> dict[str,
             "step_overhead_s": _g4(s.step_overhead_s),
             **({} if not s.prefill_request_s else
                {"prefill_request_s": float(f"{s.prefill_request_s:.6f}")}),
+            **({} if not s.engine_intake_s else
+               {"engine_intake_s": float(f"{s.engine_intake_s:.6f}")}),
             "front_end_latency_s": float(f"{s.front_end_latency_s:.6f}"),
             "step_combine": s.step_combine, "sample_interval_s": _g(profile.sample_interval_s)}
     return {"description": profile.description, "model": model, "engine": engine,
@@ -593,6 +611,15 @@ def _split_intercept(fit: FitResult, profile: SimProfile, run: Run, elsewhere: b
     return fit, profile.model_copy(update={"server": server})
 
 
+def _with_intake(fit: FitResult, profile: SimProfile, intake_s: float, n: int
+                 ) -> tuple[FitResult, SimProfile]:
+    """The engine's intake (`fit_offload.measured_engine_intake_s`, on `n` lone requests) in
+    the fit and the profile."""
+    fit = replace(fit, engine_intake_s=intake_s, n_engine_intake=n)
+    server = profile.server.model_copy(update={"engine_intake_s": intake_s})
+    return fit, profile.model_copy(update={"server": server})
+
+
 def _split_tiers(campaign_dir: Path) -> tuple[list[str], list[str]]:
     """(baseline tiers, LMCache tiers) of a campaign, by whether the run deployed LMCache."""
     names = tier_folders(campaign_dir)
@@ -614,7 +641,7 @@ def _fit_offload_tiers(root: Path, tiers: list[str], start: SpecText, out: Path
 
 def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
                   stated_spec: StatedSpec = None, attention_rate: bool = False,
-                  prefill_request_from: str | Path | None = None
+                  prefill_request_from: str | Path | None = None, engine_intake: bool = False
                   ) -> tuple[FitResult, dict[str, OffloadFit], SimProfile, Path]:
     """Fit the step time to the campaign's baseline tiers and the offload costs to its LMCache
     tiers; write the commented spec YAML (what ships as data/servers/cpu_tiny.yaml).
@@ -630,13 +657,18 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     offload costs fitted once more (a third round moves the split by 0.2 % on the fit run).
     `attention_rate`: prefill's attention FLOPs at a rate of their own
     (`fit.fit_prefill_split`), the engine's work per new request measured on the campaign's
-    baseline or on `prefill_request_from`'s (`PREFILL_REQUEST_FLAG`)."""
+    baseline or on `prefill_request_from`'s (`PREFILL_REQUEST_FLAG`). `engine_intake`: the
+    engine's intake measured on the same lone requests (`ENGINE_INTAKE_FLAG`), before the
+    offload fits, whose lookup it is taken out of."""
     root = Path(campaign_dir)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     stated = read_stated(stated_spec if stated_spec is not None
                          else out if out.exists() else None)
     baselines, offload_tiers = _split_tiers(root)
+    source = Path(prefill_request_from) if prefill_request_from else root
+    # measured first: a recording it cannot be measured on is refused before anything is written
+    intake = measured_engine_intake_s(read_run(source / baselines[0])) if engine_intake else None
     fit, profile = fit_live_campaign(root, baselines, attention_rate)
     recorded = (read_run(root / baselines[0]).meta.get("placement") or {}).get("spec")
     profile = profile.model_copy(update={
@@ -646,9 +678,10 @@ def fit_and_write(campaign_dir: str | Path, out_path: str | Path,
     profile = profile.model_copy(update={"host_cpu": measured_host_cpu(
         root, baselines[0], profile, demand_path(out))})
     if attention_rate:
-        source = Path(prefill_request_from) if prefill_request_from else root
         fit, profile = _split_intercept(fit, profile, read_run(source / baselines[0]),
                                         elsewhere=source != root)
+    if intake:
+        fit, profile = _with_intake(fit, profile, *intake)
     kv = {n: read_tier_config(read_run(root / n).meta["tier_config"]).kv_cache_bytes
           for n in baselines}
     kv = dict(sorted({**kv, **stated_baselines(stated, baselines)}.items(),
@@ -695,6 +728,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(PREFILL_REQUEST_FLAG, metavar="DIR", default=None,
                         help="measure the engine's work per new request on this recording "
                         "of the fit command (with --attention-rate)")
+    parser.add_argument(ENGINE_INTAKE_FLAG, action="store_true",
+                        help="measure the engine's intake (vLLM's queue time of lone baseline "
+                        "requests) on the campaign, or on --prefill-request-from's")
     parser.add_argument("campaign_dir")
     parser.add_argument("out_yaml")
     parser.add_argument("stated_yaml", nargs="?", default=None)
@@ -704,23 +740,29 @@ def _parser() -> argparse.ArgumentParser:
 def fit_kwargs(options: Iterable[str]) -> dict[str, Any]:
     """`fit_and_write`'s keyword arguments for the routine's options (a pre-registered plan's
     `fit_options`), as the command line reads them."""
-    args = _parser().parse_args([*options, "CAMPAIGN_DIR", "OUT_YAML"])
+    return _kwargs(_parser().parse_args([*options, "CAMPAIGN_DIR", "OUT_YAML"]))
+
+
+def _kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"attention_rate": args.attention_rate,
-            "prefill_request_from": args.prefill_request_from}
+            "prefill_request_from": args.prefill_request_from,
+            "engine_intake": args.engine_intake}
 
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m kvrepro.calibration [--attention-rate [--prefill-request-from DIR]]
-    CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
+    [--engine-intake] CAMPAIGN_DIR OUT_YAML [STATED_YAML]`."""
     parser = _parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.prefill_request_from and not args.attention_rate:
         parser.error(f"{PREFILL_REQUEST_FLAG} needs {ATTENTION_RATE_FLAG}")
     if args.prefill_request_from and not Path(args.prefill_request_from).is_dir():
         parser.error(f"{PREFILL_REQUEST_FLAG}: no such folder: {args.prefill_request_from}")
-    fit, fits, _, path = fit_and_write(args.campaign_dir, args.out_yaml, args.stated_yaml,
-                                       attention_rate=args.attention_rate,
-                                       prefill_request_from=args.prefill_request_from)
+    try:
+        fit, fits, _, path = fit_and_write(args.campaign_dir, args.out_yaml, args.stated_yaml,
+                                           **_kwargs(args))
+    except ValueError as err:  # a recording the routine cannot measure on: named in err
+        parser.error(str(err))
     print(f"wrote {path}: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.as_dict().items()
                                         if isinstance(v, int | float)))
     for tier, f in fits.items():
@@ -731,7 +773,8 @@ def main(argv: list[str] | None = None) -> None:
               + ", ".join(f"{k} {v / 1e6:.0f} MB/s" for k, v in f.read_bw_bytes_s.items()))
 
 
-__all__ = ["ATTENTION_RATE_FLAG", "PREFILL_REQUEST_FLAG", "fit_kwargs", "COST_KINDS",
+__all__ = ["ATTENTION_RATE_FLAG", "ENGINE_INTAKE_FLAG", "PREFILL_REQUEST_FLAG", "fit_kwargs",
+           "COST_KINDS",
            "COST_NOTES", "COST_UNITS", "FIT_KINDS",
            "FIT_START_READ_BW",
            "LIVE_DEFAULTS", "STEP_FIT_TIERS", "SpecText", "StatedSpec", "fit_and_write",

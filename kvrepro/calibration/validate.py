@@ -30,7 +30,8 @@ window's two ends (`counter_increase`), the same rule for the live engine and th
   scheduler's `Counters.preemptions` in its samples) over the window;
 * `queue_time_mean_s`: mean time before scheduling: live vLLM's queue-time histogram
   (`queue_time_sum_s` / `queue_time_count`, both differenced over the window); in the twin
-  the mean `queue_s` + `load_s` of the window's requests (as `queue_split` compares them).
+  the mean `engine_queue_s` + `load_s` of the window's requests (as `queue_split` compares
+  them): like vLLM's, from when the engine core takes the request in, between steps.
 
 The live client measures TTFT from its own send, so it includes the API server's
 per-request latency (HTTP, JSON, input processing, streaming), which the simulated engine
@@ -63,6 +64,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,23 @@ from kvrepro.workload.base import Workload
 METRICS = ("ttft_median_s", "ttft_p90_s", "total_tok_s", "output_tok_s", "cached_share",
            "l1_hit_share", "l2_hit_share", "l1_fill_s", "resume_ttft_median_s",
            "preemptions", "queue_time_mean_s")
+REDEFINED_METRICS = {
+    "queue_time_mean_s": (datetime.fromisoformat("2026-12-06T01:30:00+00:00"),
+                          "the twin's queue time starts, like vLLM's, when the engine core takes "
+                          "the request in after the step in flight (`Request.queued_s`); "
+                          "before, from the send"),
+}
+"""Metrics whose twin side changed meaning after predictions were committed: since when, and
+how. Committed numbers are scored as they are; `redefined_since` tells which metrics of an
+older commit the twin of today no longer computes the same way (its drift leaves them out)."""
+
+
+def redefined_since(committed: datetime | None) -> list[str]:
+    """The metrics redefined after predictions committed at `committed` (all, if never)."""
+    return [m for m, (since, _) in REDEFINED_METRICS.items()
+            if committed is None or committed < since]
+
+
 SHARE_METRICS = ("cached_share", "l1_hit_share", "l2_hit_share")
 """Fractions of the prompt tokens: scored in percentage points, not relative to live."""
 TABLE_COLUMNS = ("run", "tier", "metric", "live", "sim", "null_sim", "error", "error_unit",
@@ -232,9 +251,9 @@ def live_counter_metrics(samples: pd.DataFrame, window: Window) -> dict[str, flo
 
 def sim_counter_metrics(result: SimResult, window: Window) -> dict[str, float]:
     """Preemptions over the window (the scheduler's counter in the samples) and the mean
-    time before scheduling of the window's requests (`queue_s` + `load_s`)."""
+    time before scheduling of the window's requests (`engine_queue_s` + `load_s`)."""
     part = window_requests(result.records, window)
-    wait_s = (part["queue_s"] + part["load_s"]).mean() if len(part) else math.nan
+    wait_s = (part["engine_queue_s"] + part["load_s"]).mean() if len(part) else math.nan
     return {"preemptions": counter_increase(result.samples, "preemptions", window),
             "queue_time_mean_s": float(wait_s)}
 
@@ -891,7 +910,7 @@ LONE_HISTOGRAMS = {"queue_s": "queue_time", "prefill_s": "prefill_time",
 
 def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, float]:
     """Mean time before scheduling and mean TTFT, live (vLLM's own histograms: queue time,
-    TTFT at the engine; the client's TTFT) and in the twin (`queue_s` + `load_s`, TTFT).
+    TTFT at the engine; the client's TTFT) and in the twin (`engine_queue_s` + `load_s`, TTFT).
     The client's TTFT minus the engine's is time outside vLLM's engine (HTTP, the API
     server's loop, the client); `live_slow_scrape_share` is the share of samples slower than
     `SLOW_SCRAPE_S`, a sign that the front end stalled."""
@@ -905,7 +924,7 @@ def queue_split(run_dir: str | Path, sim_records: pd.DataFrame) -> dict[str, flo
 
     lone = lone_latency_s(run.records, smp)["queue_s"]
     by_request = sim_records.set_index(JOIN_KEYS)
-    sim_wait_s = by_request["queue_s"] + by_request["load_s"]
+    sim_wait_s = by_request["engine_queue_s"] + by_request["load_s"]
     return {"tier": run.meta["tier"], "live_queue_ms": 1e3 * mean("queue_time"),
             "live_engine_ttft_ms": 1e3 * mean("ttft"),
             "live_client_ttft_ms": 1e3 * float(run.records["ttft_s"].mean()),
@@ -1191,6 +1210,7 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
            "parameter_value", "lone_latency_s", "lone_split", "planned_run",
            "predicted_metrics", "process_table", "profile_for_run", "queue_split",
+           "REDEFINED_METRICS", "redefined_since",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",
            "run_window", "scaled_profile", "shipped_runs", "sim_counter_metrics",
            "sim_offload_metrics", "simulate_replay", "simulate_run", "summary", "summary_table",

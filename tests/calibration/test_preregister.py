@@ -7,6 +7,7 @@ a set is recorded; all of it for every plan: the held-out sets and each later dr
 from __future__ import annotations
 
 import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -67,7 +68,9 @@ def test_a_same_day_draw_is_scored_on_the_twin_that_predicted_it(root: Path) -> 
     ours = preregister.with_predictions(
         validate.validation_table(runs, package, preregister.draw_profiles())[0])
     theirs = validate.validation_table(runs, package)[0]
-    scored = ours.dropna(subset=["sim", "predicted"])
+    committed = preregister._commit_time(root / name / preregister.PREDICTIONS)
+    same = ~ours.metric.isin(validate.redefined_since(committed))  # as the twin computed then
+    scored = ours[same].dropna(subset=["sim", "predicted"])
     assert len(scored) > 5
     assert scored.sim.to_numpy() == pytest.approx(scored.predicted.to_numpy(), rel=1e-3)
     moved = (theirs.sim - ours.sim).abs() > 0.01 * ours.sim.abs()
@@ -139,6 +142,14 @@ def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
     today = stored.assign(predicted=[1.1, 0.5])
     assert preregister._drift(stored, today, "dram") == pytest.approx(0.5)
     assert preregister._drift(stored, stored, "dram") == 0.0
+    assert preregister._drift(stored, today, "dram", ["b"]) == pytest.approx(0.1)  # redefined
+
+
+def test_a_metric_redefined_after_a_commit_is_named_for_it_and_not_before() -> None:
+    (metric, (since, _)), = validate.REDEFINED_METRICS.items()
+    assert validate.redefined_since(since - timedelta(seconds=1)) == [metric]
+    assert validate.redefined_since(since + timedelta(seconds=1)) == []
+    assert validate.redefined_since(None) == [metric]  # never committed: nothing vouches
 
 
 def test_committed_predictions_are_scored_under_each_plans_run_names(tmp_path: Path) -> None:

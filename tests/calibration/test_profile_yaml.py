@@ -65,11 +65,17 @@ def test_the_shipped_spec_is_byte_for_byte_what_the_routine_writes(
     assert fresh.read_bytes() == shipped.read_bytes()
     demand = demand_path(shipped)  # the measured demand next to it, the same too
     assert (tmp_path / demand.name).read_bytes() == demand.read_bytes()
-    again = tmp_path / "again" / shipped.name  # regenerated in place: its own stated values
-    again.parent.mkdir()
-    shutil.copyfile(shipped, again)
-    profile_yaml.fit_and_write(run, again, **profile_yaml.fit_kwargs(options))
-    assert again.read_bytes() == shipped.read_bytes()
+
+
+def test_the_package_spec_regenerated_in_place_is_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regenerated in place, a spec reads its own stated values: the same bytes. (Once, on
+    the package's spec: the draws' specs are written by the same code path.)"""
+    monkeypatch.chdir(data_dir().parent)  # the header names the run as the command did
+    again = tmp_path / SHIPPED.name
+    shutil.copyfile(SHIPPED, again)
+    profile_yaml.fit_and_write(FIT_RUN.relative_to(data_dir().parent), again)
+    assert again.read_bytes() == SHIPPED.read_bytes()
 
 
 @pytest.mark.parametrize(("options", "named"), [
@@ -89,6 +95,21 @@ def test_the_routine_refuses_a_bad_option_naming_it(
     assert stop.value.code == 2
     assert named in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_recording_too_few_lone_requests_for_the_intake_is_refused_naming_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--engine-intake on a campaign whose baseline has 2 lone requests: one line naming the
+    recording, exit 2, nothing written."""
+    monkeypatch.chdir(data_dir().parent)
+    out = tmp_path / "spec.yaml"
+    with pytest.raises(SystemExit) as stop:
+        profile_yaml.main([profile_yaml.ENGINE_INTAKE_FLAG, "data/live/cpu_tiny_fit_seventh",
+                           str(out)])
+    assert stop.value.code == 2
+    assert "cpu_tiny_fit_seventh/small-kv: only 2 lone requests" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_hand_edit_of_a_stated_value_survives_regeneration(tmp_path: Path) -> None:

@@ -430,7 +430,9 @@ def test_queue_split_shows_time_outside_the_engine_where_the_front_end_stalled(
     import json
     run_dir = LIVE / validate.HELD_OUT_ROOT / held_out_set / "dram"
     keys = read_run(run_dir).records[["session_id", "turn"]]
-    sim = keys.assign(queue_s=0.001 * keys.session_id, load_s=0.002, ttft_s=0.1)
+    # vLLM's queue time is the twin's engine_queue_s (from the intake after the step in flight)
+    sim = keys.assign(engine_queue_s=0.001 * keys.session_id, load_s=0.002, ttft_s=0.1)
+    sim["queue_s"] = sim.engine_queue_s + 0.005  # from the send: not what vLLM measures
     split = validate.queue_split(run_dir, sim)
     lone = validate.lone_latency_s(read_run(run_dir).records, read_run(run_dir).samples)["queue_s"]
     assert split["lone_requests"] == len(lone) > 0

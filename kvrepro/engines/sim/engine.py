@@ -77,6 +77,7 @@ class Engine:
         self.plans: list[StepPlan | None] = [None] * len(self.schedulers)
         # a server's run of decode steps suspended with a step in progress (its end queued)
         self.runs: list[DecodeRun | None] = [None] * len(self.schedulers)
+        self.step_end_s = [0.0] * len(self.schedulers)  # each server's step in flight's end
         self.tier_name, self.sink = tier.name, sink
         self.block_tokens, self.max_model_len = server.block_tokens, server.max_model_len
         self.store_names = [store.name for store in tier.stores]
@@ -187,6 +188,7 @@ class Engine:
             if end_s is not None:
                 break
             # the run ended a step and stopped before the next: plan that one step by step
+        self.step_end_s[instance] = end_s
         self.queue.push(StepEnd(end_s, sched.counters.steps, instance))
 
     def _may_run(self, end_s: float) -> bool:
@@ -238,6 +240,7 @@ class Engine:
         prompt, output = table.prompt_tokens[row], max(1, table.output_tokens[row])
         req = self._request(event, row, prompt, output)
         instance = self._route(req)
+        req.queued_s = self.now_s if self.plans[instance] is None else self.step_end_s[instance]
         if prompt + output > self.max_model_len:
             req.finish_s = self.now_s
             self.counts["failed"] += 1
@@ -407,7 +410,9 @@ class Engine:
         for key, tokens in zip(self.loaded_keys, req.loaded_tokens, strict=True):
             record[key] = tokens
         record.update(recomputed_tokens=req.recomputed_tokens, load_s=req.load_s,
-                      queue_s=req.admitted_s - req.send_s, preemptions=req.preemptions,
+                      queue_s=req.admitted_s - req.send_s,
+                      engine_queue_s=(req.admitted_s - req.queued_s
+                                      + self.server.engine_intake_s), preemptions=req.preemptions,
                       front_stretch=req.front_stretch, lookup_stretch=req.lookup_stretch,
                       host_stretch=req.host_stretch)
         return record

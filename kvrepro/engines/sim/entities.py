@@ -56,6 +56,10 @@ class Request:
     chunk_ids: list[int] = field(default_factory=list)
     chunk_ids_end: int = -1
     """Ids of the request's first `chunk_ids_end` chunks (the scheduler's lookups keep them)."""
+    queued_s: float = math.nan
+    """When vLLM's engine core would take it in (`Scheduler.add_request`, its QUEUED stamp):
+    its arrival, or the end of the step then in flight (`EngineCore.run_busy_loop` reads its
+    input queue, then steps; vLLM's queue time ends at the `schedule()` that admits it)."""
     admitted_s: float = math.nan
     first_token_s: float = math.nan
     finish_s: float = math.nan

@@ -4,7 +4,10 @@ Records carry `kvrepro.records.RECORD_COLUMNS` plus what the simulator knows exa
 `gpu_hit_tokens`, `loaded_tokens_<store>` (first admission; with the GPU hit they add up to
 `cached_prompt_tokens`), `recomputed_tokens` (tokens prefilled on the GPU, re-prefills after
 preemption included), `load_s` (time spent waiting for offload loads), `queue_s` (send to
-first admission) and `preemptions`.
+first admission), `engine_queue_s` (first admission less `Request.queued_s`, plus the server's
+`engine_intake_s`: vLLM's queue time, which starts when the engine core's loop takes the
+request in, after the step in flight, and ends in the `schedule()` that admits it) and
+`preemptions`.
 
 Samples carry `time_s`, `running`, `waiting` (queued or loaded, not yet running), `loading`,
 `gpu_kv_usage_frac` (blocks referenced by requests, as vLLM reports KV usage),

@@ -55,7 +55,10 @@ from kvrepro.workload.base import Workload
 # LMCache counts them (lmcache_lookup_tokens, lmcache_l1_read_chunks, _write_chunks);
 # without those three columns the samples' digest is the one before (1f69f17f...), and the
 # records' is unchanged.
-STUDY_A_20MIN_RECORDS_SHA256 = "03ea24761424d49b813b9ab557e9a91a3a33f5cd51a9adca2f8a0a9dc3bdd890"
+# Recomputed for issue [host-cpu] on 2026-12-06: the records carry `engine_queue_s` (vLLM's
+# queue time, from the engine core's intake after the step in flight); without it the
+# records' digest is the one before (03ea2476...), and the samples' is unchanged.
+STUDY_A_20MIN_RECORDS_SHA256 = "9179c8239c94a8aec57b36b81f049d6af3e77467ecc14d82875c53a82ec69325"
 STUDY_A_20MIN_SAMPLES_SHA256 = "1f99495661b0df16acb034662adc37a41b7da9a419381daedcba086f4a42fb45"
 STUDY_A_20MIN_RECORDS = 1347
 

