@@ -552,9 +552,16 @@ on a fit campaign recorded minutes before (data/live/cpu_tiny_fit_seventh), beca
 draw's runs met a machine slower than its fit three hours earlier (`machine_table`). Their
 runs are named `redrawn(set, SEVENTH_SUFFIX)`."""
 SEVENTH_SUFFIX = "-seventh"
+EIGHTH_ROOT = "cpu_tiny_prereg_eighth"
+"""data/live/<EIGHTH_ROOT>: the five sets drawn an eighth time (seeds +700), pre-registered on
+the twin whose queue time counts as vLLM's (`REDEFINED_METRICS`) with the engine's intake
+measured (`--engine-intake`), its spec written by the fit routine on a fit campaign recorded
+minutes before (data/live/cpu_tiny_fit_eighth), as the seventh's. Their runs are named
+`redrawn(set, EIGHTH_SUFFIX)`."""
+EIGHTH_SUFFIX = "-eighth"
 DRAWS = ((HELD_OUT_ROOT, ""), (REDRAWN_ROOT, REDRAWN_SUFFIX), (THIRD_ROOT, THIRD_SUFFIX),
          (FOURTH_ROOT, FOURTH_SUFFIX), (FIFTH_ROOT, FIFTH_SUFFIX), (SIXTH_ROOT, SIXTH_SUFFIX),
-         (SEVENTH_ROOT, SEVENTH_SUFFIX))
+         (SEVENTH_ROOT, SEVENTH_SUFFIX), (EIGHTH_ROOT, EIGHTH_SUFFIX))
 """Every draw of the held-out sets, in order: its folder under data/live and the suffix its
 runs' names carry in a validation table (`redrawn`)."""
 
@@ -1195,7 +1202,8 @@ def fit_guard_table(profile: SimProfile, fit_dir: str | Path | None = None,
 __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_ROOT", "JOIN_KEYS",
            "REDRAWN_ROOT", "REDRAWN_SUFFIX", "THIRD_ROOT", "THIRD_SUFFIX", "FOURTH_ROOT",
            "FOURTH_SUFFIX", "FIFTH_ROOT", "FIFTH_SUFFIX", "SIXTH_ROOT", "SIXTH_SUFFIX",
-           "SEVENTH_ROOT", "SEVENTH_SUFFIX", "DRAWS", "ONE_SESSION_FIT",
+           "SEVENTH_ROOT", "SEVENTH_SUFFIX", "EIGHTH_ROOT", "EIGHTH_SUFFIX",
+           "DRAWS", "ONE_SESSION_FIT",
            "machine_adjusted", "machine_table", "machine_whatif_table",
            "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
