@@ -957,7 +957,7 @@ class _Reader:
             except UnicodeDecodeError:
                 undecodable[0] = True
                 text = raw.decode(codec, "surrogateescape")
-            if text.find("\r", 0, len(text) - 2) >= 0:
+            if "\r" in text:  # a bare CR anywhere ends a line ("\r\x00": two lines)
                 yield from filter(None, _AFTER_BARE_CR_RE.split(text))
             else:
                 yield text
