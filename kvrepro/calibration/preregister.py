@@ -180,28 +180,29 @@ def _run_start(tier_dir: Path) -> datetime | None:
     return datetime.fromisoformat(started) if started else None
 
 
-def protocol_table(plan: Plan, root: str | Path | None = None) -> pd.DataFrame:
+def protocol_table(plan: Plan, root: str | Path | None = None, drift: bool = True
+                   ) -> pd.DataFrame:
     """Per set and tier: when the predictions were committed, when the run started, whether
     that order holds, and how far the twin today is from the committed prediction (max |
     relative difference| over the metrics: 0 while the twin is frozen), leaving out the
     metrics redefined since the commit (`validate.REDEFINED_METRICS`, listed in
-    `redefined`)."""
+    `redefined`). `drift=False`: the order only (the drift, NaN, simulates every set)."""
     rows = []
     for name in plan.sets:
         folder = set_dir(name, root)
         committed = _commit_time(folder / PREDICTIONS)
         stored = pd.read_csv(folder / PREDICTIONS) if (folder / PREDICTIONS).exists() else None
-        today = predict_set(plan, name) if stored is not None else None
+        today = predict_set(plan, name) if stored is not None and drift else None
         redefined = validate.redefined_since(committed)
         for tier in plan.tiers:
             started = _run_start(folder / tier) if (folder / tier / "meta.json").exists() \
                 else None
-            drift = _drift(stored, today, tier, redefined) if stored is not None \
+            moved = _drift(stored, today, tier, redefined) if today is not None \
                 else float("nan")
             rows.append({"set": name, "tier": tier, "predicted_utc": committed,
                          "recorded_utc": started,
                          "predicted_first": bool(committed and started and committed < started),
-                         "max_prediction_drift": drift, "redefined": ", ".join(redefined)})
+                         "max_prediction_drift": moved, "redefined": ", ".join(redefined)})
     return pd.DataFrame(rows)
 
 
