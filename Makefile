@@ -5,10 +5,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 ARGS   ?=
-# notebooks nbval runs at once (pytest-xdist, one notebook per worker: --dist loadscope)
-NBVAL_JOBS ?= 2
-# workers for the tests that start no real server (-m "not live"; one test file per worker).
+# workers for the tests that start no real server and the notebooks under nbval (-m "not live";
+# one test file or notebook per worker, the notebooks first: the longest start at once).
 # The live tests run first, alone: they pin vLLM to the spec's CPUs and need the machine quiet.
+# nbval runs the notebooks with KVREPRO_STRICT_FIGURES=1 (notebooks/conftest.py).
 TEST_JOBS ?= 2
 
 .PHONY: reproduce test install install-dev live-cpu live-gpu fio chromium py-spy lint lab clean
@@ -101,8 +101,7 @@ reproduce: install fio
 test: install-dev live-cpu fio chromium
 	$(BIN)/ruff check kvrepro tests benchmarks
 	$(BIN)/pytest -m live --durations=10
-	$(BIN)/pytest -m "not live" -n $(TEST_JOBS) --dist loadfile
-	KVREPRO_STRICT_FIGURES=1 $(BIN)/pytest --nbval-lax -n $(NBVAL_JOBS) --dist loadscope notebooks/
+	$(BIN)/pytest -m "not live" -n $(TEST_JOBS) --dist loadfile --nbval-lax notebooks/ tests/
 
 lint: install-dev
 	$(BIN)/ruff check kvrepro tests benchmarks

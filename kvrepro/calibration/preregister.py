@@ -180,30 +180,54 @@ def _run_start(tier_dir: Path) -> datetime | None:
     return datetime.fromisoformat(started) if started else None
 
 
-def protocol_table(plan: Plan, root: str | Path | None = None, drift: bool = True
-                   ) -> pd.DataFrame:
+def protocol_table(plan: Plan, root: str | Path | None = None, drift: bool = True,
+                   today: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per set and tier: when the predictions were committed, when the run started, whether
     that order holds, and how far the twin today is from the committed prediction (max |
     relative difference| over the metrics: 0 while the twin is frozen), leaving out the
     metrics redefined since the commit (`validate.REDEFINED_METRICS`, listed in
-    `redefined`). `drift=False`: the order only (the drift, NaN, simulates every set)."""
+    `redefined`). `drift=False`: the order only (the drift, NaN, simulates every set).
+    `today`: the twin's metrics already simulated (columns set, tier, metric, predicted, as
+    `predict_set` gives them; `todays_predictions` reads them from a validation table), so
+    nothing is simulated twice; a set it lacks has no drift."""
     rows = []
     for name in plan.sets:
         folder = set_dir(name, root)
         committed = _commit_time(folder / PREDICTIONS)
         stored = pd.read_csv(folder / PREDICTIONS) if (folder / PREDICTIONS).exists() else None
-        today = predict_set(plan, name) if stored is not None and drift else None
+        now = _todays(plan, name, today) if stored is not None and drift else None
         redefined = validate.redefined_since(committed)
         for tier in plan.tiers:
             started = _run_start(folder / tier) if (folder / tier / "meta.json").exists() \
                 else None
-            moved = _drift(stored, today, tier, redefined) if today is not None \
+            moved = _drift(stored, now, tier, redefined) if now is not None \
                 else float("nan")
             rows.append({"set": name, "tier": tier, "predicted_utc": committed,
                          "recorded_utc": started,
                          "predicted_first": bool(committed and started and committed < started),
                          "max_prediction_drift": moved, "redefined": ", ".join(redefined)})
     return pd.DataFrame(rows)
+
+
+def _todays(plan: Plan, name: str, today: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Set `name`'s metrics by today's twin: from `today` when given (None where it lacks
+    the set), else simulated now."""
+    if today is None:
+        return predict_set(plan, name)
+    mine = today[today["set"] == name]
+    return mine if len(mine) else None
+
+
+def todays_predictions(table: pd.DataFrame, plan: Plan, suffix: str) -> pd.DataFrame:
+    """The rows of the draw `suffix` (`validate.DRAWS`) in `validate.validation_table`'s
+    table, as `predict_set` gives them (set, tier, metric, predicted = the table's `sim`).
+    The table simulates each recorded run from its meta.json on the draw's own spec
+    (`draw_profiles`): what `predict_set` simulates from the plan (`planned_meta` is tested
+    equal to the recorded meta.json), so the protocol's drift needs no second simulation."""
+    names = {validate.redrawn(name, suffix): name for name in plan.sets}
+    rows = table[table["run"].isin(names)]
+    return pd.DataFrame({"set": rows["run"].map(names), "tier": rows["tier"],
+                         "metric": rows["metric"], "predicted": rows["sim"]})
 
 
 def _drift(stored: pd.DataFrame, today: pd.DataFrame, tier: str,
@@ -301,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "draw_profiles", "held_out_runs",
            "load_plan", "plan_server", "planned_meta", "predict_set", "protocol_table",
            "record_set", "set_dir", "set_server", "set_workload", "stored_predictions",
-           "with_predictions", "write_predictions"]
+           "todays_predictions", "with_predictions", "write_predictions"]
 
 
 if __name__ == "__main__":

@@ -137,6 +137,30 @@ def test_predictions_are_refused_for_a_recorded_set(tmp_path: Path) -> None:
         preregister.record_set(plan, one, tmp_path / "elsewhere")
 
 
+def test_the_validation_tables_simulation_is_todays_prediction() -> None:
+    """Notebook 06 reads the protocol's drift from its validation table instead of
+    simulating every set again: the table's `sim` of a recorded run is `predict_set`'s number
+    (the eighth draw's lightest set, on its own spec)."""
+    folder, suffix = validate.DRAWS[-1]
+    root = data_file("live", folder)
+    plan = preregister.load_plan(preregister.plan_path(root))
+    name = next(iter(plan.sets))
+    run = validate.redrawn(name, suffix)
+    table, _ = validate.validation_table(
+        {run: preregister.held_out_runs(plan, root)[name]},
+        load_profile(data_file("servers", "cpu_tiny.yaml")), preregister.draw_profiles())
+    read = preregister.todays_predictions(table, plan, suffix).dropna()
+    simulated = preregister.predict_set(plan, name).dropna()
+    keys = ["set", "tier", "metric"]
+    both = read.merge(simulated, on=keys, suffixes=("_read", "_simulated"))
+    assert len(both) == len(read) == len(simulated) > 10
+    assert both.predicted_read.to_numpy() == pytest.approx(both.predicted_simulated.to_numpy(),
+                                                           rel=1e-9)
+    drift = preregister.protocol_table(plan, root, today=read)
+    assert drift.max_prediction_drift.notna().sum() == len(plan.tiers)  # only the set given
+    assert drift.max_prediction_drift.max() < 1e-5
+
+
 def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
     stored = pd.DataFrame({"tier": ["dram"] * 2, "metric": ["a", "b"],
                            "predicted": [1.0, 0.0]})

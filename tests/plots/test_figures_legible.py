@@ -2,13 +2,18 @@
 
 `kvrepro.plots.legibility` checks a drawn figure; `save_figure` runs it on every figure a
 notebook saves, and `make test` runs the notebooks under nbval with KVREPRO_STRICT_FIGURES=1,
-so every figure `make reproduce` writes is checked on its real data there. The tests here
+so every figure `make reproduce` writes is checked on its real data there (notebooks/conftest.py
+sets it for the notebooks' kernels only). The tests here
 guard the checker itself (break what it guards and it must fail) and render the two figures
 that were illegible on 6065f95 (sim-validation, fleet-live-vs-twin) on shipped data.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -17,7 +22,7 @@ import pandas as pd
 import pytest
 
 from kvrepro.plots import save_figure
-from kvrepro.plots.legibility import IllegibleFigure, check_legible, text_problems
+from kvrepro.plots.legibility import STRICT_ENV, IllegibleFigure, check_legible, text_problems
 from kvrepro.plots.validation_figures import sim_validation, sim_validation_errors
 from kvrepro.studies import fleet_study
 from tests.conftest import ROOT
@@ -107,3 +112,26 @@ def test_fleet_live_vs_twin_is_legible_on_the_shipped_fleet() -> None:
     assert check_legible(fig, "fleet-live-vs-twin", strict=False) == []
     assert check_legible(sim_validation_errors(table), "fleet-live-vs-twin-errors",
                          strict=False) == []
+
+
+def test_nbvals_kernels_are_strict_and_the_tests_process_is_not(tmp_path: Path) -> None:
+    """notebooks/conftest.py, in a pytest that runs a notebook then a test, as `make test`
+    does: the notebook's kernel sees the variable, the test after it does not."""
+    import nbformat
+
+    shutil.copy(ROOT / "notebooks" / "conftest.py", tmp_path / "conftest.py")
+    cell = nbformat.v4.new_code_cell(
+        f"# NBVAL_CHECK_OUTPUT\nimport os\nprint(os.environ.get({STRICT_ENV!r}))")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    cell.execution_count = 1
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, str(tmp_path / "a_notebook.ipynb"))
+    (tmp_path / "test_after.py").write_text(
+        f"import os\n\ndef test_after():\n    assert {STRICT_ENV!r} not in os.environ\n")
+    env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                           "--nbval-lax", "a_notebook.ipynb", "test_after.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-2000:]
