@@ -286,6 +286,36 @@ def draw_profiles(live_dir: str | Path | None = None) -> dict[str, SimProfile]:
     return own
 
 
+def fit_hour_table(live_dir: str | Path | None = None, tier: str = "small-kv") -> pd.DataFrame:
+    """Per draw predicted from a spec fitted on a campaign of its own (`fitted_on`), the
+    machine's speed as the twin's step model sees it (`validate.lone_decode_step_ms` of
+    `tier`): its fit campaign's, the earlier draws' fit campaigns' pooled (their median), and
+    its recorded runs' (median, min, max); and how far each of the two fits sits from the
+    runs (median over the runs of |fit / run - 1|, %). Why: a spec fitted on one campaign
+    carries that hour's machine into every prediction; this shows whether pooling the fits
+    of earlier hours would have predicted the runs' machine better than the fit of the hour."""
+    live = Path(live_dir) if live_dir is not None else data_file("live")
+    rows, fits = [], {}
+    for folder, suffix in validate.DRAWS:
+        plan = load_plan(plan_path(live / folder)) if plan_path(live / folder).exists() \
+            else None
+        if plan is None or not plan.fitted_on:
+            continue
+        fit_run = read_run(data_file().parent / plan.fitted_on / tier)
+        pooled = float(pd.Series(fits.values()).median()) if fits else float("nan")
+        fits[plan.fitted_on] = fit_ms = validate.lone_decode_step_ms(fit_run)
+        recorded = [set_dir(name, live / folder) / tier for name in plan.sets]
+        runs = pd.Series([validate.lone_decode_step_ms(read_run(run)) for run in recorded
+                          if (run / "meta.json").exists()])
+        rows.append({"draw": validate.redrawn("held-out", suffix), "fitted_on": plan.fitted_on,
+                     "fit_started_utc": fit_run.meta["started_utc"], "fit_ms": fit_ms,
+                     "earlier_fits_ms": pooled, "runs_median_ms": runs.median(),
+                     "runs_min_ms": runs.min(), "runs_max_ms": runs.max(),
+                     "fit_off_pct": 100 * (fit_ms / runs - 1).abs().median(),
+                     "earlier_fits_off_pct": 100 * (pooled / runs - 1).abs().median()})
+    return pd.DataFrame(rows)
+
+
 def held_out_runs(plan: Plan, root: str | Path | None = None) -> dict[str, list[Path]]:
     """The recorded sets' tier folders by set name (`validate.validation_table`'s input)."""
     return {name: [set_dir(name, root) / t for t in plan.tiers
@@ -322,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 
-__all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "draw_profiles", "held_out_runs",
+__all__ = ["PREDICTIONS", "PREREG_ROOT", "HeldOutSet", "Plan", "draw_profiles", "fit_hour_table",
+           "held_out_runs",
            "load_plan", "plan_server", "planned_meta", "predict_set", "protocol_table",
            "record_set", "set_dir", "set_server", "set_workload", "stored_predictions",
            "todays_predictions", "with_predictions", "write_predictions"]

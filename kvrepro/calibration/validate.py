@@ -625,6 +625,13 @@ def lone_decoders(records: pd.DataFrame) -> pd.DataFrame:
     return records[isolated(records) & (records["output_tokens"] > 4)]
 
 
+def lone_decode_step_ms(run: Run) -> float:
+    """A run's median decode step of its `lone_decoders`, in ms: the machine's speed that
+    hour, as the twin's step model sees it (NaN without lone requests)."""
+    step_s = decode_step_s(lone_decoders(run.records))
+    return 1e3 * float(step_s.median()) if len(step_s) else math.nan
+
+
 def decode_residuals(run_dir: str | Path, profile: SimProfile) -> dict[str, Any]:
     """How far a live run's lone decode steps sit from the twin's step model: a check that
     the machine was quiet (other work on the 2 cores slows every step; no engine model can
@@ -739,10 +746,9 @@ def replicate_conditions(live_dir: str | Path | None = None,
             if not (root / name / tier / "meta.json").exists():
                 continue
             run = read_run(root / name / tier)
-            step_s = decode_step_s(lone_decoders(run.records))
             probe = run.meta.get("speed_probe", {})
             rows.append({"run": name, "tier": tier, "started_utc": run.meta["started_utc"],
-                         "lone_decode_step_ms": 1e3 * float(step_s.median()),
+                         "lone_decode_step_ms": lone_decode_step_ms(run),
                          **{f"probe_{when}_{cpu}": 1e3 * seconds
                             for when, by_cpu in probe.items() for cpu, seconds in by_cpu.items()},
                          **outside_cpu(run.samples)})
@@ -1216,7 +1222,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "fit_guard_metrics",
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
-           "parameter_value", "lone_latency_s", "lone_split", "planned_run",
+           "parameter_value", "lone_decode_step_ms", "lone_latency_s", "lone_split",
+           "planned_run",
            "predicted_metrics", "process_table", "profile_for_run", "queue_split",
            "REDEFINED_METRICS", "redefined_since",
            "queue_table", "relative_error_pct", "replay_workload", "run_metrics", "run_seconds",

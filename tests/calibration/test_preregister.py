@@ -161,6 +161,25 @@ def test_the_validation_tables_simulation_is_todays_prediction() -> None:
     assert drift.max_prediction_drift.max() < 1e-5
 
 
+def test_the_fit_hour_table_sets_each_draws_fit_against_the_earlier_ones() -> None:
+    """One row per draw fitted on a campaign of its own, in draw order; the fit's speed is
+    its campaign's lone decode step, the pooled one the median of the earlier draws' fit
+    campaigns (none before the first)."""
+    table = preregister.fit_hour_table()
+    fitted = [validate.redrawn("held-out", suffix) for folder, suffix in validate.DRAWS
+              if preregister.load_plan(data_file("live", folder, "plan.yaml")).fitted_on]
+    assert table.draw.tolist() == fitted and len(fitted) >= 5
+    assert pd.isna(table.earlier_fits_ms.iloc[0])
+    last = table.iloc[-1]
+    earlier = table.iloc[:-1].drop_duplicates("fitted_on")
+    earlier = earlier[earlier.fitted_on != last.fitted_on]
+    assert last.earlier_fits_ms == pytest.approx(earlier.fit_ms.median())
+    fit_run = read_run(data_file().parent / last.fitted_on / "small-kv")
+    assert last.fit_ms == pytest.approx(validate.lone_decode_step_ms(fit_run))
+    assert ((table.runs_min_ms <= table.runs_median_ms)
+            & (table.runs_median_ms <= table.runs_max_ms)).all()
+
+
 def test_prediction_drift_is_measured_against_the_committed_numbers() -> None:
     stored = pd.DataFrame({"tier": ["dram"] * 2, "metric": ["a", "b"],
                            "predicted": [1.0, 0.0]})
