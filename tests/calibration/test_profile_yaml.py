@@ -145,11 +145,18 @@ def test_the_stated_spec_can_be_passed_explicitly(tmp_path: Path) -> None:
     assert _stores(out)["staging"] == (52428800, 2.5e8)
 
 
-def test_fitted_parameters_follow_the_fit(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fresh_fit(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The fit routine on the fit run into a folder without a spec (the package's is the
+    stated one): (fit, offload fits, profile, path), shared by the tests that only read it."""
+    return profile_yaml.fit_and_write(FIT_RUN, tmp_path_factory.mktemp("fit") / "fresh.yaml")
+
+
+def test_fitted_parameters_follow_the_fit(fresh_fit: tuple) -> None:
     """Read rates and connector costs are `fitted` (the lookups `measured`) where the fit
     gave them, and those are `validate.FITTED_PARAMETERS`, the kinds of a profile read from
     a file."""
-    _, fits, fresh, _ = profile_yaml.fit_and_write(FIT_RUN, tmp_path / "fresh.yaml")
+    _, fits, fresh, _ = fresh_fit
     table = profile_yaml.fitted_parameters(fresh, offload_fits=fits)
     given = table[table.kind.isin(profile_yaml.FIT_KINDS)]
     assert set(given.parameter) == set(validate.FITTED_PARAMETERS)
@@ -161,8 +168,8 @@ def test_fitted_parameters_follow_the_fit(tmp_path: Path) -> None:
     assert set(no_fit[no_fit.parameter.str.startswith("flash.")].kind) == {"estimate"}
 
 
-def test_a_fitted_tier_the_stated_spec_lacks_is_refused(tmp_path: Path) -> None:
-    fit, fits, fresh, _ = profile_yaml.fit_and_write(FIT_RUN, tmp_path / "fresh.yaml")
+def test_a_fitted_tier_the_stated_spec_lacks_is_refused(fresh_fit: tuple) -> None:
+    fit, fits, fresh, _ = fresh_fit
     stated = profile_yaml.read_stated(SHIPPED)
     del stated["tiers"]["flash"]
     with pytest.raises(ValueError, match=r"fitted tiers \['flash'\] are not LMCache tiers"):

@@ -204,7 +204,8 @@ class LMCachePool:
         return plan
 
     def start(self) -> None:
-        """Start the LMCache server and wait until its health check answers."""
+        """Start the LMCache server without waiting for it (`wait_healthy` does): the
+        instances start beside it (`kvrepro.engines.live.server` says why that is safe)."""
         plan = self.plan()
         self.shm = SharedMemory()
         for disk in self.disks:
@@ -218,7 +219,12 @@ class LMCachePool:
         self.watcher = Watcher(self._sample)
         self.watcher.start()
         self.process.start()
-        self.process.wait_healthy(self.tier.lmcache_mp.startup_timeout_s)
+
+    def wait_healthy(self) -> float:
+        """Block until the server's health check answers; the seconds it took."""
+        if self.process is None:
+            raise ServerError(f"LMCache server of tier {self.tier.name!r} was not started")
+        return self.process.wait_healthy(self.tier.lmcache_mp.startup_timeout_s)
 
     def check_alive(self) -> None:
         """Raise ServerError if the LMCache server has exited."""
@@ -411,7 +417,7 @@ class FleetDeployment(StartedOnEnter):
         return plans
 
     def start(self) -> None:
-        """Pool, instances, router, each healthy before the next step."""
+        """Pool and instances side by side, then the router once they are healthy."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         router = (_router_process(self.fleet, self.fleet.worker_urls(), self.run_dir, self.python,
                                   self.pin_cpus)
@@ -425,6 +431,8 @@ class FleetDeployment(StartedOnEnter):
         self.instances = self._instances()
         for server in self.instances:
             server.start()
+        if self.pool is not None:
+            self.startup_s["pool"] = self.pool.wait_healthy()
         for i, server in enumerate(self.instances):
             self.startup_s[f"i{i}"] = server.wait_healthy()
         if router is not None:

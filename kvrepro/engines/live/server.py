@@ -1,9 +1,13 @@
 """Deploy one tier as a `vllm` server (and its LMCache server), and always take it down again.
 
 `VllmServer` writes the exact command lines, the tier config and (for in-process LMCache
-tiers) the LMCache YAML into the run folder. For a multi-process LMCache tier it first starts
-the `lmcache server` (its own process group, `lmcache_server.log`, free ports chosen, health
-from its HTTP API), then vLLM with `LMCacheMPConnector` pointing at it. vLLM runs in its own
+tiers) the LMCache YAML into the run folder. For a multi-process LMCache tier it starts the
+`lmcache server` (its own process group, `lmcache_server.log`, free ports chosen, health from
+its HTTP API) and vLLM with `LMCacheMPConnector` pointing at it side by side, and waits for
+LMCache's health, then vLLM's: vLLM's connector first sends to LMCache when its worker
+registers the KV caches, 25-30 s into vLLM's start on 2 cores, and LMCache answers after 5-6 s
+(server.log and lmcache_server.log of data/live/cpu_tiny_prereg_eighth), so one start no
+longer waits for the other. vLLM runs in its own
 process group with its output in `server.log`. On exit (normal end, exception, Ctrl-C) both
 groups are terminated (and any process of theirs that left its group), and the shared-memory
 segments and store-folder files (each folder of `TierConfig.folders`: a flash store's, a
@@ -19,6 +23,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +149,7 @@ class VllmServer(StartedOnEnter):
         self.watcher: Watcher | None = None
         self.cleaned: dict[str, Any] = {}
         self.pinned_threads: dict[str, int] = {}
+        self.started_at_s = float("nan")  # time.monotonic() at `start`
 
     @property
     def base_url(self) -> str:
@@ -195,11 +201,10 @@ class VllmServer(StartedOnEnter):
             self.run_dir / "lmcache_server.log", {**env, "LMCACHE_DISABLE_BANNER": "1"},
             f"{self.lmcache_url}/healthcheck", cpus=self.tier.placement.cpus("lmcache"))
         self.lmcache.start()
-        self.lmcache.wait_healthy(self.tier.lmcache_mp.startup_timeout_s, self.health_poll_s)
 
     def start(self) -> None:
-        """Start the LMCache server (multi-process tiers, waiting for its health), then vLLM
-        (without waiting for health)."""
+        """Start the LMCache server (multi-process tiers) and vLLM, waiting for neither
+        (`wait_healthy` does; the module doc says why they start side by side)."""
         if port_in_use(self.tier.host, self.tier.port):
             raise ServerError(f"port {self.tier.port} on {self.tier.host} is already in use "
                               f"(tier {self.tier.name!r}: set another 'port')")
@@ -210,6 +215,7 @@ class VllmServer(StartedOnEnter):
             disk.prepare()
         self.watcher = Watcher(self._sample)
         self.watcher.start()
+        self.started_at_s = time.monotonic()
         if "LMCache server" in plan.commands:
             self._start_lmcache(plan.commands["LMCache server"], env)
         placement = self.tier.placement
@@ -237,13 +243,15 @@ class VllmServer(StartedOnEnter):
         return http_ok(f"{self.base_url}/health")
 
     def wait_healthy(self, timeout_s: float | None = None) -> float:
-        """Block until /health answers; return the seconds it took. Raise on exit/timeout."""
+        """Block until the LMCache server (if any) and then vLLM answer their health checks;
+        return the seconds since `start`. Raise on either's exit or timeout."""
         if self.vllm is None:
             raise ServerError(f"vLLM server for tier {self.tier.name!r} was not started")
-        took_s = self.vllm.wait_healthy(timeout_s or self.tier.startup_timeout_s,
-                                        self.health_poll_s)
+        if self.lmcache is not None and not self.lmcache.healthy:
+            self.lmcache.wait_healthy(self.tier.lmcache_mp.startup_timeout_s, self.health_poll_s)
+        self.vllm.wait_healthy(timeout_s or self.tier.startup_timeout_s, self.health_poll_s)
         self.pinned_threads = pin_vllm(self.vllm.process.pid, self.tier.placement)
-        return took_s
+        return time.monotonic() - self.started_at_s
 
     def roles(self) -> dict[int, str]:
         """The run's server processes now, pid -> role (api_server, engine_core, worker,

@@ -37,7 +37,7 @@ from kvrepro.engines.live.processes import (
     port_in_use,
 )
 from kvrepro.fleet_spec import shipped_fleet
-from tests.engines.live.conftest import free_port_pair, require_vllm
+from tests.engines.live.conftest import eager, free_port_pair, require_vllm, write_server
 
 pytestmark = pytest.mark.live
 PROMPT_TOKENS = 7600
@@ -121,8 +121,10 @@ def _process_accounting(deployment: FleetDeployment) -> None:
 def test_shared_pool_serves_the_other_instance_and_everything_is_cleaned_up(
         tmp_path: Path) -> None:
     require_vllm()
-    fleet = shipped_fleet("cpu_tiny_2x").model_copy(update={
-        "routing": "round_robin", "kv_pool": "shared", "tier": "dram",
+    fleet = shipped_fleet("cpu_tiny_2x")
+    server = write_server(eager(fleet.server_spec()), tmp_path / "server.yaml")
+    fleet = fleet.model_copy(update={
+        "server": str(server), "routing": "round_robin", "kv_pool": "shared", "tier": "dram",
         "router_port": free_port(), "base_port": free_port_pair()})
     shm_before = set(os.listdir(SHM_DIR))
     deployment = FleetDeployment(fleet, tmp_path / "fleet", pin_cpus=True)

@@ -28,7 +28,7 @@ import pytest
 
 from kvrepro.records import read_run
 from kvrepro.workload import AgenticSpec, generate_agentic
-from tests.engines.live.conftest import require_vllm
+from tests.engines.live.conftest import EAGER_ARGS, require_vllm
 
 pytestmark = pytest.mark.live
 TIER_FILE = Path(__file__).resolve().parents[3] / "data" / "servers" / "cpu_tiny.yaml"
@@ -170,7 +170,8 @@ def test_server_killed_mid_run(tiers, tmp_path) -> None:
     from kvrepro.engines.live.runner import LiveOptions, run_tier
     from kvrepro.engines.live.server import ServerError
 
-    tier = tiers["large-kv"].model_copy(update={"port": 8431})
+    tier = tiers["large-kv"].model_copy(update={
+        "port": 8431, "extra_args": [*tiers["large-kv"].extra_args, *EAGER_ARGS]})
     errors: list[BaseException] = []
     shm_before = {p.name for p in Path("/dev/shm").iterdir()}
 

@@ -221,3 +221,53 @@ def test_server_exit_keeps_a_failed_clean_up_step_instead_of_raising_it(
         "shm_segments: [Errno 13] Permission denied: '/dev/shm/psm_x'"]
     assert server.cleaned["disk_files"] == 1  # the step after the failed one still ran
     assert not (tmp_path / "l2").exists()
+
+
+TOY_SERVER = """#!{python}
+# a stand-in that serves 200 on any GET on its `{flag}` port after sleeping `{delay_s}` s,
+# and writes when it started and when it answered (time.time()) into {stamps}
+import http.server, sys, time
+start = time.time()
+port = int(sys.argv[sys.argv.index("{flag}") + 1])
+time.sleep({delay_s})
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer(("127.0.0.1", port), Ok)
+with open("{stamps}", "w") as out:
+    out.write(f"{{start}} {{time.time()}}")
+server.serve_forever()
+"""
+
+
+def _toy(path: Path, flag: str, delay_s: float) -> Path:
+    """An executable toy server at `path` (see TOY_SERVER); its stamps go to path.stamps."""
+    path.write_text(TOY_SERVER.format(python=sys.executable, flag=flag, delay_s=delay_s,
+                                      stamps=path.with_suffix(".stamps")))
+    path.chmod(0o755)
+    return path.with_suffix(".stamps")
+
+
+def test_lmcache_and_vllm_start_side_by_side_and_vllm_is_awaited_after_lmcache(
+        tmp_path: Path) -> None:
+    """The LMCache server takes 2 s to answer; vLLM starts meanwhile, not after it
+    (`VllmServer.start`), and `wait_healthy` returns once both answer, counting from the
+    start. Started one after the other, vLLM would start after LMCache answered."""
+    from kvrepro.engines.live.tiers import live_tier
+    from kvrepro.tier_spec import shipped_server
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    lmcache = _toy(bin_dir / "lmcache", "--http-port", delay_s=2.0)
+    vllm = _toy(bin_dir / "python", "--port", delay_s=0.0)
+    tier = live_tier(shipped_server("cpu_tiny"), "dram").model_copy(
+        update={"model": "/no/model", "port": free_port()})
+    with VllmServer(tier, tmp_path / "run", python=str(bin_dir / "python"),
+                    health_poll_s=0.05) as server:
+        took_s = server.wait_healthy(timeout_s=30)
+    lmcache_start, lmcache_up = map(float, lmcache.read_text().split())
+    vllm_start, _ = map(float, vllm.read_text().split())
+    assert vllm_start < lmcache_up - 1.0  # started while LMCache still slept
+    assert 2.0 <= took_s < 10.0

@@ -9,6 +9,7 @@ by the time it is sent again. A few minutes in all.
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from kvrepro.engines.live.ownership import SHM_DIR
 from kvrepro.engines.live.probe import evicted_hit_probe, metrics, random_prompts, send
 from kvrepro.engines.live.processes import group_pids
 from kvrepro.tier_spec import override_server, shipped_server
-from tests.engines.live.conftest import require_vllm
+from tests.engines.live.conftest import EAGER_ARGS, eager, require_vllm
 
 pytestmark = pytest.mark.live
 PROMPT_TOKENS = 7600
@@ -37,11 +38,15 @@ def _metrics(url: str) -> dict[str, float]:
     return metrics(url)
 
 
-def _tier(name: str, port: int, tmp: Path, **overrides):
+def _tier(name: str, port: int, tmp: Path, fast_start: bool = False, **overrides):
+    """The shipped tier `name` on `port`, its flash folder under `tmp`; `fast_start`: served
+    with `EAGER_ARGS` (tests of processes and files, not of speed)."""
     from kvrepro.engines.live.tiers import live_tier
 
     path = {"tiers.flash.stores.1.path": str(tmp / "l2")} if name == "flash" else {}
-    spec = override_server(shipped_server("cpu_tiny"), {"live.port": port, **path, **overrides})
+    spec = shipped_server("cpu_tiny")
+    spec = override_server(eager(spec) if fast_start else spec,
+                           {"live.port": port, **path, **overrides})
     return live_tier(spec, name)
 
 
@@ -63,7 +68,7 @@ def flash(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("flash")
     limit = {"tiers.flash.stores.1.capacity_bytes": 64 * 2**20}  # 256 chunks
-    with VllmServer(_tier("flash", 8442, tmp, **limit), tmp) as server:
+    with VllmServer(_tier("flash", 8442, tmp, fast_start=True, **limit), tmp) as server:
         server.wait_healthy()
         yield server
 
@@ -163,7 +168,7 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     from kvrepro.records import read_run
     from tests.engines.live.test_live_e2e import CAMPAIGN_WORKLOAD, scaled_workload
 
-    tier = _tier("flash", 8443, tmp_path)
+    tier = _tier("flash", 8443, tmp_path, fast_start=True)
     killed: dict[str, object] = {}
     original_wait = VllmServer.wait_healthy
 
@@ -204,6 +209,7 @@ def test_killing_the_lmcache_server_ends_the_run_and_leaves_nothing(tmp_path) ->
     assert not _shm_now() - shm_before
     assert not list(Path(tier.folders[0].path).rglob("*"))  # the run's files are gone
     run = read_run(tmp_path / "run")
+    assert " ".join(EAGER_ARGS) in (tmp_path / "run" / "command.txt").read_text()
     assert run.meta["status"].startswith("failed: ServerError")
     assert len(run.records) > 0  # what finished before the kill stays on disk
 
@@ -220,7 +226,7 @@ def _mid_tier(records: Path, l2: Path, server_log: Path) -> bool:
 
 
 def _starting(records: Path, l2: Path, server_log: Path) -> bool:
-    """vLLM is up to its engine process (LMCache's server already answers) and has served
+    """vLLM is up to its engine process (LMCache's server started beside it) and has served
     nothing: the run is half started, with processes in two groups to stop."""
     return server_log.is_file() and "EngineCore" in server_log.read_text(errors="replace")
 
@@ -244,6 +250,7 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig, when) -> 
     cmd = [sys.executable, "-m", "kvrepro.cli", "run", "live", "--server",
            "data/servers/cpu_tiny.yaml", "--tier", "flash", "--tier", "dram",
            "-p", f"live.port={port}", "-p", f"tiers.flash.stores.1.path={l2}",
+           "-p", f"live.extra_args={json.dumps(EAGER_ARGS)}",
            "-w", "duration_s=300", "-w", "session_rate_per_min=20", "--out", str(out)]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     records, log, pids = out / "flash" / "records.jsonl", out / "flash" / "server.log", set()

@@ -29,6 +29,7 @@ from kvrepro.engines.live.processes import free_port, group_pids, pid_alive, por
 from kvrepro.fleet_spec import shipped_fleet
 from tests.engines.live.conftest import (
     SHARED_TIER,
+    eager,
     free_port_pair,
     require_vllm,
     shared_fs_server,
@@ -69,7 +70,7 @@ def test_private_pools_share_one_folder_and_the_run_removes_its_own_chunks(
     share = tmp_path / "share"
     share.mkdir()
     (share / "notes.txt").write_text("not this run's: it stays\n")
-    spec = write_server(shared_fs_server(share), tmp_path / "server.yaml")
+    spec = write_server(eager(shared_fs_server(share)), tmp_path / "server.yaml")
     fleet = shipped_fleet("cpu_tiny_2x").model_copy(update={
         "server": str(spec), "tier": SHARED_TIER, "kv_pool": "private",
         "routing": "round_robin", "router_port": free_port(), "base_port": free_port_pair()})
