@@ -271,3 +271,26 @@ def test_lmcache_and_vllm_start_side_by_side_and_vllm_is_awaited_after_lmcache(
     vllm_start, _ = map(float, vllm.read_text().split())
     assert vllm_start < lmcache_up - 1.0  # started while LMCache still slept
     assert 2.0 <= took_s < 10.0
+
+
+def test_an_lmcache_server_that_dies_starting_stops_vllm_too(tmp_path: Path) -> None:
+    """vLLM started beside an LMCache server that exits at once: `wait_healthy` names the
+    LMCache server and its log, and leaving the deployment stops vLLM's group."""
+    from kvrepro.engines.live.tiers import live_tier
+    from kvrepro.tier_spec import shipped_server
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "lmcache").write_text("#!/bin/sh\necho 'no such flag: --l1-size-gb'; exit 2\n")
+    (bin_dir / "lmcache").chmod(0o755)
+    _toy(bin_dir / "python", "--port", delay_s=60.0)  # still starting when LMCache dies
+    tier = live_tier(shipped_server("cpu_tiny"), "dram").model_copy(
+        update={"model": "/no/model", "port": free_port()})
+    server = VllmServer(tier, tmp_path / "run", python=str(bin_dir / "python"),
+                        health_poll_s=0.05)
+    with pytest.raises(ServerError, match=r"LMCache server for tier 'dram' exited during "
+                                          r"start-up with code 2(.|\n)*no such flag"):
+        with server:
+            vllm_pid = server.process.pid
+            server.wait_healthy(timeout_s=30)
+    assert server.process is None and not group_pids(vllm_pid)
