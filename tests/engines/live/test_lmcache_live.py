@@ -250,7 +250,7 @@ def test_a_signal_stops_the_campaign_and_leaves_nothing(tmp_path, sig, when) -> 
     cmd = [sys.executable, "-m", "kvrepro.cli", "run", "live", "--server",
            "data/servers/cpu_tiny.yaml", "--tier", "flash", "--tier", "dram",
            "-p", f"live.port={port}", "-p", f"tiers.flash.stores.1.path={l2}",
-           "-p", f"live.extra_args={json.dumps(EAGER_ARGS)}",
+           "-p", f"live.extra_args={json.dumps(eager(shipped_server('cpu_tiny')).live.extra_args)}",
            "-w", "duration_s=300", "-w", "session_rate_per_min=20", "--out", str(out)]
     runner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     records, log, pids = out / "flash" / "records.jsonl", out / "flash" / "server.log", set()
