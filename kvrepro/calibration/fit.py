@@ -136,12 +136,18 @@ def _alone(send_s: np.ndarray, finish_s: np.ndarray) -> np.ndarray:
     return out
 
 
+def decode_context_tokens(records: pd.DataFrame) -> pd.Series:
+    """Per request: the mean context its decode steps read (tokens of KV), the prompt and
+    half the output: the x of the decode fit (`fit_decode`) and of the fit guard's slope."""
+    return records["prompt_tokens"] + records["output_tokens"] / 2
+
+
 def decode_points(records: pd.DataFrame) -> pd.DataFrame:
     """Per lone request: mean decode step time and mean context (tokens of KV read)."""
     d = records[isolated(records) & (records["output_tokens"] > MIN_DECODE_STEPS)]
     steps = d["output_tokens"] - 1
     return pd.DataFrame({"step_s": (d["finish_s"] - d["first_token_s"]) / steps,
-                         "context_tokens": d["prompt_tokens"] + d["output_tokens"] / 2})
+                         "context_tokens": decode_context_tokens(d)})
 
 
 def chunked_flops(model: ModelSpec, new_tokens: int, cached_tokens: int,
@@ -400,7 +406,8 @@ def fit_live_campaign(campaign_dir: str | Path, tiers: Iterable[str] | None = No
 
 
 __all__ = ["CPU_BLOCK_TOKENS", "FitResult", "MIN_DECODE_STEPS", "chunked_flops",
-           "decode_points", "fit_decode", "fit_live_campaign", "fit_prefill", "fit_prefill_split",
+           "decode_context_tokens", "decode_points", "fit_decode", "fit_live_campaign",
+           "fit_prefill", "fit_prefill_split",
            "fit_step_time", "fitted_profile", "isolated", "line_fit", "lone_prefill_residuals",
            "PROMPT_BINS", "plane_fit", "prefill_fits_by_size", "prefill_points", "tier_folders",
            "tiny_model_spec"]

@@ -83,7 +83,7 @@ from kvrepro.analysis.runs import (
     resume_stats,
     token_delivery,
 )
-from kvrepro.calibration.fit import MIN_DECODE_STEPS, isolated
+from kvrepro.calibration.fit import MIN_DECODE_STEPS, decode_context_tokens, isolated, line_fit
 from kvrepro.engines.live.placement import autogroups
 from kvrepro.engines.live.tiers import TierConfig, read_tier_config
 from kvrepro.engines.sim.config import OffloadTier, SimProfile, SimTier
@@ -975,6 +975,15 @@ def lone_latency_s(records: pd.DataFrame, samples: pd.DataFrame) -> pd.DataFrame
     return out[ok]
 
 
+def before_scheduling_s(run: Run, result: SimResult) -> tuple[pd.Series, pd.Series]:
+    """Per request of `lone_latency_s`: the time before scheduling, live (vLLM's queue time:
+    a lone request's lookup and load) and in the twin replaying the run (its queue and
+    load)."""
+    lone = lone_latency_s(run.records, run.samples)
+    sim = result.records.set_index(JOIN_KEYS).reindex(lone.index)
+    return lone["queue_s"], sim["queue_s"] + sim["load_s"]
+
+
 def lone_split(run: Run, result: SimResult, profile: SimProfile) -> dict[str, Any]:
     """Where the TTFT of `lone_latency_s`'s requests goes, live and in the twin replaying
     the run (`simulate_replay`), medians in ms: the front end (live, the client's TTFT less
@@ -988,7 +997,7 @@ def lone_split(run: Run, result: SimResult, profile: SimProfile) -> dict[str, An
     front = server.front_end_s(sim["prompt_tokens"], sim["front_stretch"])
     wait = sim["queue_s"] + sim["load_s"]
     parts = {"front_end": (lone["ttft_s"] - lone["queue_s"] - lone["prefill_s"], front),
-             "before_scheduling": (lone["queue_s"], wait),
+             "before_scheduling": before_scheduling_s(run, result),
              "after_scheduling": (lone["prefill_s"], sim["ttft_s"] - front - wait)}
     out: dict[str, Any] = {"tier": run.meta["tier"], "lone_requests": len(lone)}
     for name, (live, twin) in parts.items():
@@ -1075,8 +1084,23 @@ FITTED_PARAMETERS = ("fp16_tflops", "mem_bw_tb_s", "step_overhead_s", "front_end
 .fit`, `fit_offload`), named as `profile_yaml.fitted_parameters` names them: a server
 field, `<tier>.<field>` or `<tier>.<store>.read_bw_bytes_s`."""
 GUARD_METRICS = ("ttft_median_s", "ttft_light_median_s", "decode_step_mean_s",
-                 "loaded_ttft_median_s", "decode_step_all_mean_s")
+                 "loaded_ttft_median_s", "decode_step_all_mean_s",
+                 "decode_step_per_context_token_s", "lone_queue_median_s")
 """What the fit is responsible for, per tier of the fit run (`fit_guard_metrics`)."""
+GUARD_TIERS = {"decode_step_per_context_token_s": ("small-kv",),
+               "lone_queue_median_s": ("dram", "flash")}
+"""Guard metrics read on some tiers only: each is the statistic one fitted or measured
+constant was taken from, on the tier it was taken on. The decode step's slope in the context
+(`fit.fit_decode`: `mem_bw_tb_s` is the KV bytes per token over it) on the baseline; vLLM's
+queue time of the lone requests a sample interval isolates (`lone_latency_s`: the lookups
+are the medians of it, `fit_offload.measured_costs`) on the LMCache tiers. Why rows of their
+own: a 30 % move of either constant moves the TTFT and mean step rows by 2-4 %, within
+their tolerance; it moves its own statistic by 20-45 %."""
+
+
+def guard_metrics(tier: str) -> tuple[str, ...]:
+    """`GUARD_METRICS` read on `tier` (`GUARD_TIERS`; every tier where not listed)."""
+    return tuple(m for m in GUARD_METRICS if tier in GUARD_TIERS.get(m, LIVE_TIERS))
 
 
 def parameter_value(profile: SimProfile, parameter: str) -> float:
@@ -1157,7 +1181,26 @@ def fit_guard_metrics(run: Run, result: SimResult) -> list[dict[str, Any]]:
         how = "median" if kind == "ttft" else "mean"
         rows.append({"metric": metric, "live": float(live.agg(how)) if len(part) else math.nan,
                      "sim": float(sim.agg(how)) if len(part) else math.nan, "n": len(part)})
+    wanted = guard_metrics(run.meta["tier"])
+    if "decode_step_per_context_token_s" in wanted:
+        fit_points = _paired(rec[isolated(rec)], twin)  # the decode fit's: alone live
+        rows.append(_context_slope_row(fit_points[fit_points["output_tokens"]
+                                                  > MIN_DECODE_STEPS]))
+    if "lone_queue_median_s" in wanted:
+        live, twin = before_scheduling_s(run, result)
+        rows.append({"metric": "lone_queue_median_s", "live": float(live.median()),
+                     "sim": float(twin.median()), "n": len(live)})
     return rows
+
+
+def _context_slope_row(lone: pd.DataFrame) -> dict[str, Any]:
+    """The Theil-Sen slope of the lone requests' mean decode step in their context
+    (`fit.decode_context_tokens`), live and in the twin: the decode fit's own statistic, on
+    its own points (`fit.decode_points`: alone live, whether or not alone in the twin)."""
+    x = decode_context_tokens(lone).to_numpy(float)
+    slope = {side: line_fit(x, _step_s(lone, suffix).to_numpy(float), "fit guard")[1]
+             for side, suffix in (("live", ""), ("sim", "_sim"))}
+    return {"metric": "decode_step_per_context_token_s", **slope, "n": len(lone)}
 
 
 def replay_workload(workload: Workload, records: pd.DataFrame, end_s: float) -> Workload:
@@ -1219,7 +1262,7 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "RunComparison", "Window",
            "check_placement", "compare_metrics", "compare_run", "counter_increase",
            "decode_residuals", "disturbance_table", "draw_report", "error_unit",
-           "fit_guard_metrics",
+           "fit_guard_metrics", "guard_metrics", "GUARD_TIERS", "before_scheduling_s",
            "fit_guard_table", "goal_table", "held_out_sets", "is_informative",
            "live_counter_metrics", "live_offload_metrics", "metric_error", "null_profile",
            "parameter_value", "lone_decode_step_ms", "lone_latency_s", "lone_split",

@@ -88,13 +88,19 @@ def fit_guard(profile):
     return validate.fit_guard_table(profile)
 
 
+MIN_GUARD_N = {"lone_queue_median_s": 9}
+"""Fewest requests behind a guard row (20 where not listed): the lookups were measured on
+the 9 lone requests per tier that a sample interval isolates, and their row is those."""
+
+
 def test_fit_guard_covers_every_tier_and_metric(fit_guard, fit_tolerances) -> None:
     assert set(fit_tolerances) == set(validate.GUARD_METRICS)
     judged = fit_guard.dropna(subset=["error_pct"])
-    expected = {(t, m) for t in validate.LIVE_TIERS for m in validate.GUARD_METRICS
+    expected = {(t, m) for t in validate.LIVE_TIERS for m in validate.guard_metrics(t)
                 if not (t == "small-kv" and m == "loaded_ttft_median_s")}  # nothing to load
     assert set(zip(judged.tier, judged.metric, strict=True)) == expected
-    assert (judged.n >= 20).all(), judged[judged.n < 20]
+    few = judged[judged.n < judged.metric.map(MIN_GUARD_N).fillna(20)]
+    assert few.empty, few
 
 
 def test_fit_guard_passes_on_the_shipped_spec(fit_guard, fit_tolerances) -> None:

@@ -515,7 +515,8 @@ def test_drift_table_is_zero_where_the_probe_is_the_fit_run(shipped, tmp_path: P
         (tmp_path / folder / "small-kv").symlink_to(fit)
     same = validate.drift_table(shipped[0], tmp_path)
     assert (same["live_change_pct"].dropna() == 0).all()
-    assert len(same["live_change_pct"].dropna()) == len(validate.GUARD_METRICS) - 1  # no loads
+    assert len(same["live_change_pct"].dropna()) == len(validate.guard_metrics("small-kv")) - 1
+    # (the baseline loads nothing)
     shipped_probe = validate.drift_table(shipped[0])
     assert shipped_probe.loc["decode_step_mean_s", "n_probe"] > 0
     assert math.isfinite(shipped_probe.loc["decode_step_mean_s", "live_change_pct"])
@@ -619,3 +620,28 @@ def test_lone_split_puts_each_part_of_the_ttft_on_its_side() -> None:
         1e3 * (sim.queue_s + sim.load_s).median())
     assert split["sim_after_scheduling_ms"] == pytest.approx(
         1e3 * (sim.ttft_s - front - sim.queue_s - sim.load_s).median())
+
+
+def test_the_fit_guards_own_rows_are_the_statistics_their_constants_come_from(shipped) -> None:
+    """The decode slope row's live value is the decode fit's own Theil-Sen slope on the fit
+    run's baseline (`fit.decode_points`, from which `mem_bw_tb_s` is taken), and the lone
+    queue row's is the median of vLLM's queue time of the requests the lookup is measured
+    on (`validate.lone_latency_s`); each row is read only on the tier its constant was
+    taken on."""
+    for tier in validate.LIVE_TIERS:
+        run = read_run(LIVE / validate.FIT_RUN / tier)
+        rows = {r["metric"]: r for r in validate.fit_guard_metrics(
+            run, validate.simulate_replay(run, shipped[0]))}
+        assert set(rows) == set(validate.guard_metrics(tier))
+        if "decode_step_per_context_token_s" in rows:
+            points = simfit.decode_points(run.records)
+            _, slope, _ = simfit.line_fit(points["context_tokens"].to_numpy(float),
+                                          points["step_s"].to_numpy(float), "decode")
+            row = rows["decode_step_per_context_token_s"]
+            assert row["live"] == pytest.approx(slope, rel=1e-12)
+            assert row["n"] == len(points)
+        if "lone_queue_median_s" in rows:
+            lone = validate.lone_latency_s(run.records, run.samples)
+            assert rows["lone_queue_median_s"]["live"] == pytest.approx(
+                float(lone["queue_s"].median()), rel=1e-12)
+    assert validate.guard_metrics("small-kv") != validate.guard_metrics("dram")
