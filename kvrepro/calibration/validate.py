@@ -780,6 +780,53 @@ def replication_table(live_dir: str | Path | None = None,
     return pd.DataFrame(rows)
 
 
+def replicate_score_table(profile: SimProfile, live_dir: str | Path | None = None,
+                          tiers: tuple[str, ...] = LIVE_TIERS) -> pd.DataFrame:
+    """The live stack scored as the twin is: for every two recordings of the fit command
+    (`REPLICATES`) that hold a tier, the earlier one's metrics taken as the prediction of
+    the later one's, against the null twin (`null_profile(profile)`) of the later one, in
+    `compare_metrics`' rows (`run` "earlier->later"), with the hours between them. Why:
+    `summary` of these rows is what a twin that reproduced one recording exactly would
+    score on the next, in the units of the held-out goals (`GOALS`)."""
+    root = Path(live_dir) if live_dir is not None else data_file("live")
+    null, parts = null_profile(profile), []
+    for tier in tiers:
+        runs = [read_run(root / name / tier) for name in REPLICATES
+                if (root / name / tier / "meta.json").exists()]
+        scored = [_replicate_metrics(run, null) for run in runs]
+        for i, j in itertools.combinations(range(len(runs)), 2):
+            (earlier, _), (later, later_null) = scored[i], scored[j]
+            name = f"{runs[i].path.parent.name}->{runs[j].path.parent.name}"
+            hours = (pd.Timestamp(runs[j].meta["started_utc"])
+                     - pd.Timestamp(runs[i].meta["started_utc"])).total_seconds() / 3600
+            parts.append(compare_metrics(later, earlier, later_null, name, tier)
+                         .assign(hours_apart=hours))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _replicate_metrics(run: Run, null: SimProfile) -> tuple[dict[str, float], dict[str, float]]:
+    """A recording's live metrics and its null twin's, the L1 rows blank where the tier's
+    L1 only passes the disk's chunks through (as `compare_run` has them)."""
+    live = live_run_metrics(run)
+    null_metrics, _, tier, _ = _sim_metrics(run, null, run_window(run))
+    if tier.skip_l1:
+        for metric in ("l1_hit_share", "l1_fill_s"):
+            live[metric] = null_metrics[metric] = math.nan
+    return live, null_metrics
+
+
+def replicate_score_summary(table: pd.DataFrame, tolerance: float = 10.0,
+                            same_day_hours: float = 24.0) -> pd.DataFrame:
+    """`summary` of `replicate_score_table` per pair of recordings (all tiers), then pooled
+    over the pairs recorded within `same_day_hours` of each other and over all."""
+    rows = [{"run": run, "hours_apart": part["hours_apart"].iloc[0],
+             **summary(part, tolerance)} for run, part in table.groupby("run", sort=False)]
+    for name, part in (("same day", table[table["hours_apart"] < same_day_hours]),
+                       ("all", table)):
+        rows.append({"run": name, "hours_apart": math.nan, **summary(part, tolerance)})
+    return pd.DataFrame(rows)
+
+
 def disturbance_table(runs: Mapping[str, list[str | Path]], profile: SimProfile
                       ) -> pd.DataFrame:
     """`decode_residuals` of every run folder, with the run name."""
@@ -1256,7 +1303,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "machine_adjusted", "machine_table", "machine_whatif_table",
            "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
-           "REPLICATES", "replicate_conditions", "replication_table", "live_run_metrics",
+           "REPLICATES", "replicate_conditions", "replication_table", "replicate_score_table",
+           "replicate_score_summary", "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",

@@ -247,6 +247,24 @@ def preregistered_fleet_score(live_dir: str | Path) -> pd.DataFrame:
                                    predicted)
 
 
+def replicate_fleet_score(earlier: str | Path, later: str | Path) -> pd.DataFrame:
+    """The live fleet scored as the twin is: one fleet run recorded twice with the same
+    command, the earlier recording's summary taken as the prediction of the later one's
+    (`compare_fleet_summaries`; `ttft_score` reads it against the goal). Why: what a twin
+    that reproduced one recording exactly would score on the next. Refused (ValueError
+    naming both folders) unless the two ran the same workload and fleet."""
+    from kvrepro.analysis.fleet_live import fleet_live_summary
+    from kvrepro.records import read_run
+
+    metas = [read_run(path).meta for path in (earlier, later)]
+    same = ("workload_digest", "fleet", "kv_pool", "routing", "tier", "options")
+    if any(metas[0].get(key) != metas[1].get(key) for key in same):
+        raise ValueError(f"{earlier} and {later}: not the same command (they differ in "
+                         f"{[k for k in same if metas[0].get(k) != metas[1].get(k)]})")
+    first, again = (fleet_live_summary(path).drop(columns="router") for path in (earlier, later))
+    return compare_fleet_summaries(again, first)
+
+
 FLEET_TTFT_GOAL_PCT = 25.0
 """Issue [host-cpu]'s goal for the live fleet: TTFT median and p90 within 25 % of the live
 value on every pre-registered run, each instance and the total."""

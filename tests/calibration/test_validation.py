@@ -645,3 +645,22 @@ def test_the_fit_guards_own_rows_are_the_statistics_their_constants_come_from(sh
             assert rows["lone_queue_median_s"]["live"] == pytest.approx(
                 float(lone["queue_s"].median()), rel=1e-12)
     assert validate.guard_metrics("small-kv") != validate.guard_metrics("dram")
+
+
+def test_a_recording_scored_against_itself_is_within_on_every_row(shipped,
+                                                                  tmp_path: Path) -> None:
+    """The same recording as both replicates predicts itself exactly: every judged row has
+    error 0, and the summary counts every informative row within; the shipped replicates do
+    not (the floor notebook 06 shows)."""
+    names = validate.REPLICATES[:2]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "small-kv").symlink_to(LIVE / validate.FIT_RUN / "small-kv")
+    same = validate.replicate_score_table(shipped[0], tmp_path, tiers=("small-kv",))
+    assert set(same["run"]) == {"->".join(names)}
+    assert (same["error"].dropna() == 0).all()
+    pooled = validate.replicate_score_summary(same).set_index("run").loc["all"]
+    assert pooled.n_within == pooled.n_metrics > 0
+    shipped_scores = validate.replicate_score_summary(
+        validate.replicate_score_table(shipped[0], tiers=("small-kv",))).set_index("run")
+    assert shipped_scores.loc["all", "n_within"] < shipped_scores.loc["all", "n_metrics"]

@@ -141,3 +141,24 @@ def test_session_waits_show_the_autogroups_cost_on_the_same_fleet_run() -> None:
     assert (table.loc["apart", "api_server_wait_per_slice_ms"]
             > 10 * table.loc["together", "api_server_wait_per_slice_ms"])
     assert table.loc["apart", "burst_share"] > 0.1 > 0.01 > table.loc["together", "burst_share"]
+
+
+def test_a_fleet_run_recorded_twice_is_scored_as_the_twin_is() -> None:
+    """`replicate_fleet_score`: a recording against itself is within 0 % on every row; the
+    session-affinity run recorded twice 32 minutes apart is not (the live spread notebook 13
+    sets beside the twin's score); two different commands are refused, naming both."""
+    from kvrepro.studies.fleet_study import replicate_fleet_score, ttft_score
+
+    run = "shared-dram-session_affinity"
+    first, again = (data_dir() / "live" / name / "rate20" / run for name in (
+        "cpu_tiny_fleet_one_session_rest", "cpu_tiny_fleet_ring_prereg"))
+    itself = replicate_fleet_score(first, first)
+    assert (itself["error"].dropna() == 0).all()
+    assert ttft_score(itself)["within"] == ttft_score(itself)["n"] == 6
+    twice = ttft_score(replicate_fleet_score(first, again))
+    assert twice["n"] == 6 and twice["within"] < 6
+    other = data_dir() / "live" / "cpu_tiny_fleet_ring_prereg" / "rate20" / (
+        "private-dram-session_affinity")
+    with pytest.raises(ValueError, match="not the same command") as err:
+        replicate_fleet_score(first, other)
+    assert str(first) in str(err.value) and str(other) in str(err.value)
