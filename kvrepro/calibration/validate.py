@@ -456,9 +456,9 @@ def predicted_metrics(meta: Mapping[str, Any], profile: SimProfile) -> dict[str,
     return metrics
 
 
-def live_run_metrics(run: Run) -> dict[str, float]:
-    """A live run's validation metrics over its window (`run_window`)."""
-    window = run_window(run)
+def live_run_metrics(run: Run, window: Window | None = None) -> dict[str, float]:
+    """A live run's validation metrics over `window` (default: its own, `run_window`)."""
+    window = window or run_window(run)
     samples = run.samples.assign(tier=run.meta["tier"])
     return run_metrics(run.records, window,
                        live_offload_metrics(samples, window) if not samples.empty else None,
@@ -781,34 +781,54 @@ def replication_table(live_dir: str | Path | None = None,
 
 
 def replicate_score_table(profile: SimProfile, live_dir: str | Path | None = None,
-                          tiers: tuple[str, ...] = LIVE_TIERS) -> pd.DataFrame:
+                          tiers: tuple[str, ...] = LIVE_TIERS, parts: int = 1) -> pd.DataFrame:
     """The live stack scored as the twin is: for every two recordings of the fit command
     (`REPLICATES`) that hold a tier, the earlier one's metrics taken as the prediction of
     the later one's, against the null twin (`null_profile(profile)`) of the later one, in
     `compare_metrics`' rows (`run` "earlier->later"), with the hours between them. Why:
     `summary` of these rows is what a twin that reproduced one recording exactly would
-    score on the next, in the units of the held-out goals (`GOALS`)."""
+    score on the next, in the units of the held-out goals (`GOALS`). With `parts` > 1 each
+    recording's window is cut into that many (`window_parts`), each scored against the same
+    part of the other (columns `part`, `window_s`): does a longer run agree better?"""
     root = Path(live_dir) if live_dir is not None else data_file("live")
-    null, parts = null_profile(profile), []
+    null, tables = null_profile(profile), []
     for tier in tiers:
         runs = [read_run(root / name / tier) for name in REPLICATES
                 if (root / name / tier / "meta.json").exists()]
-        scored = [_replicate_metrics(run, null) for run in runs]
+        scored = [[(w, *_replicate_metrics(run, null, w))
+                   for w in window_parts(run_window(run), parts)] for run in runs]
         for i, j in itertools.combinations(range(len(runs)), 2):
-            (earlier, _), (later, later_null) = scored[i], scored[j]
-            name = f"{runs[i].path.parent.name}->{runs[j].path.parent.name}"
-            hours = (pd.Timestamp(runs[j].meta["started_utc"])
-                     - pd.Timestamp(runs[i].meta["started_utc"])).total_seconds() / 3600
-            parts.append(compare_metrics(later, earlier, later_null, name, tier)
-                         .assign(hours_apart=hours))
-    return pd.concat(parts, ignore_index=True)
+            tables += _replicate_pair(runs[i], runs[j], scored[i], scored[j], tier)
+    return pd.concat(tables, ignore_index=True)
 
 
-def _replicate_metrics(run: Run, null: SimProfile) -> tuple[dict[str, float], dict[str, float]]:
-    """A recording's live metrics and its null twin's, the L1 rows blank where the tier's
-    L1 only passes the disk's chunks through (as `compare_run` has them)."""
-    live = live_run_metrics(run)
-    null_metrics, _, tier, _ = _sim_metrics(run, null, run_window(run))
+def window_parts(window: Window, parts: int) -> list[Window]:
+    """`window` cut into `parts` consecutive windows of equal length."""
+    if parts < 1:
+        raise ValueError(f"parts must be at least 1, got {parts}")
+    step_s = window.length_s / parts
+    return [Window(window.start_s + k * step_s, window.start_s + (k + 1) * step_s)
+            for k in range(parts)]
+
+
+def _replicate_pair(first: Run, second: Run, first_parts: list, second_parts: list,
+                    tier: str) -> list[pd.DataFrame]:
+    """`replicate_score_table`'s rows of one pair of recordings, part by part."""
+    name = f"{first.path.parent.name}->{second.path.parent.name}"
+    hours = (pd.Timestamp(second.meta["started_utc"])
+             - pd.Timestamp(first.meta["started_utc"])).total_seconds() / 3600
+    return [compare_metrics(later, earlier, later_null, name, tier).assign(
+                hours_apart=hours, part=k, window_s=window.length_s)
+            for k, ((_, earlier, _), (window, later, later_null))
+            in enumerate(zip(first_parts, second_parts, strict=True))]
+
+
+def _replicate_metrics(run: Run, null: SimProfile, window: Window
+                       ) -> tuple[dict[str, float], dict[str, float]]:
+    """A recording's live metrics and its null twin's over `window`, the L1 rows blank where
+    the tier's L1 only passes the disk's chunks through (as `compare_run` has them)."""
+    live = live_run_metrics(run, window)
+    null_metrics, _, tier, _ = _sim_metrics(run, null, window)
     if tier.skip_l1:
         for metric in ("l1_hit_share", "l1_fill_s"):
             live[metric] = null_metrics[metric] = math.nan
@@ -824,6 +844,21 @@ def replicate_score_summary(table: pd.DataFrame, tolerance: float = 10.0,
     for name, part in (("same day", table[table["hours_apart"] < same_day_hours]),
                        ("all", table)):
         rows.append({"run": name, "hours_apart": math.nan, **summary(part, tolerance)})
+    return pd.DataFrame(rows)
+
+
+def replicate_floor_by_window(profile: SimProfile, live_dir: str | Path | None = None,
+                              parts: tuple[int, ...] = (1, 2, 3, 4), tolerance: float = 10.0,
+                              same_day_hours: float = 24.0) -> pd.DataFrame:
+    """The same-day pairs' pooled `summary` of `replicate_score_table` with each window cut
+    into each of `parts`, one row per window length (`window_s`). Why: if two recordings
+    disagreed only by chance within a window, the shorter windows would agree worse."""
+    rows = []
+    for n in parts:
+        table = replicate_score_table(profile, live_dir, parts=n)
+        same = table[table["hours_apart"] < same_day_hours]
+        rows.append({"parts": n, "window_s": float(same["window_s"].median()),
+                     **summary(same, tolerance)})
     return pd.DataFrame(rows)
 
 
@@ -1304,7 +1339,8 @@ __all__ = ["FITTED_PARAMETERS", "FIT_RUN", "GOALS", "GUARD_METRICS", "HELD_OUT_R
            "client_table", "redrawn",
            "set_of", "DRIFT_ROOT", "drift_table",
            "REPLICATES", "replicate_conditions", "replication_table", "replicate_score_table",
-           "replicate_score_summary", "live_run_metrics",
+           "replicate_score_summary", "replicate_floor_by_window", "window_parts",
+           "live_run_metrics",
            "LIVE_TIERS", "METRICS", "NULL_MARGIN", "NULL_SPEEDUP",
            "SATURATING_SETS", "SHARE_METRICS", "SLOW_SCRAPE_S", "TABLE_COLUMNS",
            "RunComparison", "Window",

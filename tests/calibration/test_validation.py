@@ -659,8 +659,19 @@ def test_a_recording_scored_against_itself_is_within_on_every_row(shipped,
     same = validate.replicate_score_table(shipped[0], tmp_path, tiers=("small-kv",))
     assert set(same["run"]) == {"->".join(names)}
     assert (same["error"].dropna() == 0).all()
+    halves = validate.replicate_score_table(shipped[0], tmp_path, tiers=("small-kv",), parts=2)
+    assert set(halves["part"]) == {0, 1} and (halves["error"].dropna() == 0).all()
+    assert halves["window_s"].iloc[0] == pytest.approx(same["window_s"].iloc[0] / 2)
     pooled = validate.replicate_score_summary(same).set_index("run").loc["all"]
     assert pooled.n_within == pooled.n_metrics > 0
     shipped_scores = validate.replicate_score_summary(
         validate.replicate_score_table(shipped[0], tiers=("small-kv",))).set_index("run")
     assert shipped_scores.loc["all", "n_within"] < shipped_scores.loc["all", "n_metrics"]
+
+
+def test_window_parts_cut_a_window_into_equal_consecutive_parts() -> None:
+    parts = validate.window_parts(validate.Window(30.0, 300.0), 3)
+    assert [(w.start_s, w.end_s) for w in parts] == [(30.0, 120.0), (120.0, 210.0),
+                                                      (210.0, 300.0)]
+    with pytest.raises(ValueError, match="parts must be at least 1"):
+        validate.window_parts(validate.Window(0.0, 1.0), 0)
