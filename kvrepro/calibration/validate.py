@@ -451,8 +451,7 @@ def predicted_metrics(meta: Mapping[str, Any], profile: SimProfile) -> dict[str,
     as `compare_run` scores them)."""
     run = planned_run(meta)
     metrics, _, tier, _ = _sim_metrics(run, profile, run_window(run))
-    if tier.skip_l1:
-        metrics.update({m: math.nan for m in ("l1_hit_share", "l1_fill_s")})
+    _blank_pass_through_l1(tier, metrics)
     return metrics
 
 
@@ -465,6 +464,15 @@ def live_run_metrics(run: Run, window: Window | None = None) -> dict[str, float]
                        live_counter_metrics(samples, window) if not samples.empty else None)
 
 
+def _blank_pass_through_l1(tier: SimTier, *metrics: dict[str, float]) -> None:
+    """Blank the L1 rows of `metrics` where the tier's L1 only passes the disk's chunks
+    through (skip_l1): LMCache counts no L1 hits there, and its evictions are churn, not a
+    fill."""
+    if tier.skip_l1:
+        for each in metrics:
+            each.update({"l1_hit_share": math.nan, "l1_fill_s": math.nan})
+
+
 def compare_run(run_dir: str | Path, profile: SimProfile,
                 run_name: str | None = None) -> RunComparison:
     """Simulate one live run's workload on its tier, on the twin and on its null twin, and
@@ -474,9 +482,7 @@ def compare_run(run_dir: str | Path, profile: SimProfile,
     sim, result, tier, wall_s = _sim_metrics(run, profile, window)
     null = _sim_metrics(run, null_profile(profile), window)[0]
     live = live_run_metrics(run)
-    if tier.skip_l1:  # LMCache's L1 only passes the disk's chunks through: no L1 hits, and
-        for metric in ("l1_hit_share", "l1_fill_s"):  # its evictions are churn, not a fill
-            live[metric] = sim[metric] = null[metric] = math.nan
+    _blank_pass_through_l1(tier, live, sim, null)
     name = run_name or Path(run_dir).resolve().parent.name
     table = compare_metrics(live, sim, null, name, run.meta["tier"])
     return RunComparison(table, run.records, result.records, result.stats, wall_s)
@@ -770,14 +776,19 @@ def replication_table(live_dir: str | Path | None = None,
                 if (root / name / tier / "meta.json").exists()]
         metrics = [live_run_metrics(run) for run in runs]
         for i, j in itertools.combinations(range(len(runs)), 2):
-            hours = (pd.Timestamp(runs[j].meta["started_utc"])
-                     - pd.Timestamp(runs[i].meta["started_utc"])).total_seconds() / 3600
+            hours = _hours_apart(runs[i], runs[j])
             rows += [{"earlier": runs[i].path.parent.name, "later": runs[j].path.parent.name,
                       "tier": tier, "hours_apart": hours, "metric": m,
                       "earlier_value": metrics[i][m], "later_value": metrics[j][m],
                       "change": metric_error(m, metrics[i][m], metrics[j][m]),
                       "change_unit": error_unit(m)} for m in METRICS]
     return pd.DataFrame(rows)
+
+
+def _hours_apart(first: Run, second: Run) -> float:
+    """Hours from `first`'s start to `second`'s (meta.json's `started_utc`)."""
+    return (pd.Timestamp(second.meta["started_utc"])
+            - pd.Timestamp(first.meta["started_utc"])).total_seconds() / 3600
 
 
 def replicate_score_table(profile: SimProfile, live_dir: str | Path | None = None,
@@ -815,8 +826,7 @@ def _replicate_pair(first: Run, second: Run, first_parts: list, second_parts: li
                     tier: str) -> list[pd.DataFrame]:
     """`replicate_score_table`'s rows of one pair of recordings, part by part."""
     name = f"{first.path.parent.name}->{second.path.parent.name}"
-    hours = (pd.Timestamp(second.meta["started_utc"])
-             - pd.Timestamp(first.meta["started_utc"])).total_seconds() / 3600
+    hours = _hours_apart(first, second)
     return [compare_metrics(later, earlier, later_null, name, tier).assign(
                 hours_apart=hours, part=k, window_s=window.length_s)
             for k, ((_, earlier, _), (window, later, later_null))
@@ -829,9 +839,7 @@ def _replicate_metrics(run: Run, null: SimProfile, window: Window
     the tier's L1 only passes the disk's chunks through (as `compare_run` has them)."""
     live = live_run_metrics(run, window)
     null_metrics, _, tier, _ = _sim_metrics(run, null, window)
-    if tier.skip_l1:
-        for metric in ("l1_hit_share", "l1_fill_s"):
-            live[metric] = null_metrics[metric] = math.nan
+    _blank_pass_through_l1(tier, live, null_metrics)
     return live, null_metrics
 
 
